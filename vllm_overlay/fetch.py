@@ -41,7 +41,7 @@ def sha256_of(path: Path) -> str:
 def fetch_wheel(release: ReleasePin, wheel: WheelPin, cache: Path) -> Path:
     """The pinned wheel, from the cache or downloaded into it; always verified."""
     target = cache / "wheels" / wheel.filename
-    with exclusive(cache / "wheels" / ".lock"):
+    with exclusive(cache / "wheels"):
         if target.exists():
             if sha256_of(target) == wheel.sha256:
                 return target
@@ -83,7 +83,7 @@ def fetch_sdist_tree(release: ReleasePin, cache: Path) -> Path:
     target = cache / "sources" / f"vllm-{release.version}"
     marker = target / ".vllm-overlay-sdist-sha256"
     sha256 = release.sdist.sha256
-    with exclusive(cache / "sources" / ".lock"):
+    with exclusive(cache / "sources"):
         if marker.is_file() and marker.read_text().strip() == sha256:
             return target
         shutil.rmtree(target, ignore_errors=True)

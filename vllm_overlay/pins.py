@@ -139,3 +139,14 @@ def _parse_wheel_name(where: str, filename: str):
     except ValueError as exc:
         raise OverlayError(f"{where}: {exc}") from None
 
+
+def resolve_release(pins: dict[str, ReleasePin], version: str | None) -> ReleasePin:
+    """The pinned release `version`, or the newest pinned one when None."""
+    if version is None:
+        return pins[max(pins, key=Version)]
+    if version.startswith("v"):
+        version = version[1:]
+    if version not in pins:
+        known = ", ".join(sorted(pins, key=Version))
+        raise OverlayError(f"vLLM {version} is not a pinned release (pinned: {known})")
+    return pins[version]

@@ -1,0 +1,177 @@
+"""Fixtures: a small synthetic vLLM wheel, its pins, and series written with
+real `git format-patch`, so the tooling is tested in seconds without vLLM."""
+
+import base64
+import hashlib
+import subprocess
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+RELEASE = "9.9.0"
+AUTHOR = "Test Maintainer <test@example.invalid>"
+SCHEDULER = "vllm/v1/core/sched/scheduler.py"
+SCHEDULER_SOURCE = "".join(f"line {n}\n" for n in range(1, 41))
+EXTENSION = b"\x7fELF" + bytes(range(256)) * 64
+TRAILERS = """Upstream-Status: Pending
+Upstream-PR: none
+Drop-When: upstream validates the value itself
+Probe: tests/probes/test_demo.py::test_demo
+"""
+
+
+def record_hash(content: bytes) -> str:
+    digest = hashlib.sha256(content).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def make_wheel(path: Path, dist: str = "vllm", members: dict | None = None) -> Path:
+    """A wheel shaped like vLLM's: Python files, a compiled extension stored
+    without compression, a `_version.py` and a dist-info with RECORD."""
+    dist_info = f"{dist.replace('-', '_')}-{RELEASE}.dist-info"
+    files = {
+        "vllm/__init__.py": b"from vllm._version import __version__\n",
+        "vllm/_version.py": f'__version__ = "{RELEASE}"\n'.encode(),
+        SCHEDULER: SCHEDULER_SOURCE.encode(),
+        "vllm/v1/metrics/stats.py": b"STATS = 1\n",
+        "vllm/_C.abi3.so": EXTENSION,
+        f"{dist_info}/METADATA": (
+            f"Metadata-Version: 2.4\nName: {dist}\nVersion: {RELEASE}\n"
+            "Summary: test\n\nA description.\nName: not a header\n"
+        ).encode(),
+        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n",
+        f"{dist_info}/entry_points.txt": b"[console_scripts]\nvllm = vllm:main\n",
+        **(members or {}),
+    }
+    record = "".join(
+        f"{name},{record_hash(data)},{len(data)}\n" for name, data in files.items()
+    )
+    record += f"{dist_info}/RECORD,,\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in files.items():
+            info = zipfile.ZipInfo(name, date_time=(2026, 10, 1, 12, 0, 0))
+            info.external_attr = 0o644 << 16
+            stored = name.endswith(".so")
+            archive.writestr(
+                info,
+                data,
+                compress_type=zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED,
+            )
+        archive.writestr(f"{dist_info}/RECORD", record)
+    return path
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def format_patch(
+    workdir: Path,
+    originals: dict[str, str],
+    edits: dict[str, str],
+    subject: str = "scheduler: demo change",
+    trailers: str = TRAILERS,
+) -> str:
+    """The text `git format-patch` writes for one commit turning `originals`
+    into `edits` (path -> full new text)."""
+    repo = workdir / f"git-{len(list(workdir.glob('git-*')))}"
+    repo.mkdir(parents=True)
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-c", "user.name=T", "-c", "user.email=t@example.invalid", *args],
+            cwd=repo,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+
+    git("init", "-q")
+    for name, text in originals.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git("add", "-A")
+    git("commit", "-q", "--allow-empty", "-m", "base")
+    for name, text in edits.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git("add", "-A")
+    git("commit", "-q", f"--author={AUTHOR}", "-m", f"{subject}\n\nWhy.\n\n{trailers}")
+    return git("format-patch", "-1", "--zero-commit", "--no-signature", "--stdout")
+
+
+@dataclass
+class Project:
+    """A synthetic checkout: patches/, tests/probes/ and a download cache."""
+
+    root: Path
+    cache: Path
+    workdir: Path
+
+    @property
+    def patches(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def series_dir(self) -> Path:
+        return self.patches / "vllm" / f"v{RELEASE}"
+
+    def add_patch(self, name: str, text: str) -> Path:
+        path = self.series_dir / name
+        path.write_text(text)
+        series = self.series_dir / "series"
+        series.write_text(series.read_text() + name + "\n")
+        return path
+
+    def pin(self, wheels: list[tuple[str, Path]], revision: int = 1) -> None:
+        """Pin `wheels` ((dist, path) pairs) and put them in the cache."""
+        entries = []
+        for dist, path in wheels:
+            cached = self.cache / "wheels" / path.name
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            if path != cached:
+                cached.write_bytes(path.read_bytes())
+            entries.append(
+                f'  {{ dist = "{dist}", filename = "{path.name}", '
+                f'sha256 = "{sha256_file(path)}" }},'
+            )
+        (self.patches / "vllm" / "releases.toml").write_text(
+            f'[releases."{RELEASE}"]\nrevision = {revision}\n'
+            f'sdist = {{ filename = "vllm-{RELEASE}.tar.gz", sha256 = "{"0" * 64}" }}\n'
+            "wheels = [\n" + "\n".join(entries) + "\n]\n"
+        )
+
+
+def scheduler_edit(line: int, text: str) -> str:
+    lines = SCHEDULER_SOURCE.splitlines(keepends=True)
+    lines[line - 1] = text + "\n"
+    return "".join(lines)
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
+    """A project with one pinned release, one wheel in the cache, one patch."""
+    proj = Project(tmp_path / "repo", tmp_path / "cache", tmp_path / "work")
+    proj.series_dir.mkdir(parents=True)
+    (proj.series_dir / "series").write_text("# test series\n")
+    probes = proj.root / "tests" / "probes"
+    probes.mkdir(parents=True)
+    (probes / "test_demo.py").write_text("def test_demo():\n    assert True\n")
+    wheel = make_wheel(proj.workdir / f"vllm-{RELEASE}-cp38-abi3-linux_x86_64.whl")
+    proj.pin([("vllm", wheel)])
+    proj.add_patch(
+        "scheduler-demo.patch",
+        format_patch(
+            proj.workdir,
+            {SCHEDULER: SCHEDULER_SOURCE},
+            {SCHEDULER: scheduler_edit(20, "line twenty, patched")},
+        ),
+    )
+    monkeypatch.setenv("VLLM_OVERLAY_PATCHES", str(proj.patches))
+    monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(proj.cache))
+    return proj

@@ -1,0 +1,63 @@
+import pytest
+from conftest import SCHEDULER, SCHEDULER_SOURCE, format_patch, scheduler_edit
+
+from vllm_overlay.applier import apply_series
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.release import release_series
+
+ORIGINALS = {SCHEDULER: SCHEDULER_SOURCE.encode()}
+
+
+def test_series_applies_in_order(project):
+    # The second patch's context includes the first patch's change.
+    first = scheduler_edit(20, "line twenty, patched")
+    second = first.replace("line 21\n", "line 21, patched after 20\n")
+    project.add_patch(
+        "second.patch",
+        format_patch(project.workdir, {SCHEDULER: first}, {SCHEDULER: second}),
+    )
+    result = apply_series(release_series(None), ORIGINALS)
+    assert result == {SCHEDULER: second.encode()}
+
+
+def test_patch_may_add_a_module(project):
+    added = "vllm/v1/overlay_helper.py"
+    project.add_patch(
+        "new-file.patch",
+        format_patch(project.workdir, {}, {added: "HELPER = True\n"}),
+    )
+    result = apply_series(release_series(None), ORIGINALS)
+    assert result[added] == b"HELPER = True\n"
+
+
+def test_offset_hunk_is_refused_with_patch_file_and_hunk(project):
+    shifted = {SCHEDULER: ("inserted upstream\n" + SCHEDULER_SOURCE).encode()}
+    with pytest.raises(OverlayError) as info:
+        apply_series(release_series(None), shifted)
+    message = str(info.value)
+    assert "scheduler-demo.patch does not apply exactly to vLLM 9.9.0" in message
+    assert f"{SCHEDULER} hunk #1 only applies at line 18 (offset)" in message
+
+
+def test_changed_context_is_refused_with_hunk_number(project):
+    lines = SCHEDULER_SOURCE.replace("line 35\n", "line 35, upstream changed\n")
+    edited = scheduler_edit(20, "line twenty, patched").replace(
+        "line 36\n", "line 36, ours\n"
+    )
+    project.add_patch(
+        "two-hunks.patch",
+        format_patch(
+            project.workdir,
+            {SCHEDULER: scheduler_edit(20, "line twenty, patched")},
+            {SCHEDULER: edited},
+        ),
+    )
+    with pytest.raises(OverlayError) as info:
+        apply_series(release_series(None), {SCHEDULER: lines.encode()})
+    assert "two-hunks.patch" in str(info.value)
+    assert f"{SCHEDULER} hunk #1 (at line 33) does not match" in str(info.value)
+
+
+def test_missing_file_is_refused(project):
+    with pytest.raises(OverlayError, match=r"scheduler-demo\.patch.*No such file"):
+        apply_series(release_series(None), {})

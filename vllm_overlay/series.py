@@ -1,0 +1,297 @@
+"""The series: an ordered set of `git format-patch` files for one vLLM release.
+
+Layout (Electron's, keyed by release)::
+
+    patches/vllm/releases.toml           pins (see `pins.py`)
+    patches/vllm/v0.33.0/series          order file: one patch file name a line
+    patches/vllm/v0.33.0/<name>.patch    one commit each, as `git format-patch` wrote it
+
+Every patch message ends with trailers that say why the patch exists and when it
+goes away (Yocto's `Upstream-Status`, forkctl's `Drop-When`), and which of our
+tests prove it (`Probe`). A patch without them cannot be maintained, so a series
+with a defect is never loaded: `series_problems` lists every defect (the linter
+prints them all), `load_series` refuses the series on the first.
+"""
+
+import ast
+import email.parser
+import email.policy
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.pins import ReleasePin
+
+SERIES_FILE = "series"
+PATCH_SUFFIX = ".patch"
+REQUIRED_TRAILERS = ("Upstream-Status", "Upstream-PR", "Drop-When", "Probe")
+_SINGLE_TRAILERS = ("Upstream-Status", "Upstream-PR", "Drop-When")
+
+_URL = r"https?://\S+"
+_UPSTREAM_STATUS = re.compile(
+    rf"Pending|Submitted {_URL}|Backport \S.*|Inappropriate \S.*"
+)
+_UPSTREAM_PR = re.compile(rf"none|{_URL}")
+_TRAILER = re.compile(r"([A-Za-z0-9][A-Za-z0-9-]*): (.*)")
+_SUBJECT_PREFIX = re.compile(r"^\[PATCH[^\]]*\]\s*")
+_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+_PROBE_ID = re.compile(r"(tests/[\w/.-]+\.py)::([\w:]+)(\[.*\])?")
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One patch of a series, parsed from its `git format-patch` file."""
+
+    name: str
+    path: Path
+    subject: str
+    trailers: tuple[tuple[str, str], ...]
+    files: tuple[str, ...]
+    sha256: str
+
+    def trailer(self, key: str) -> str:
+        return next(value for k, value in self.trailers if k == key)
+
+    @property
+    def upstream_status(self) -> str:
+        return self.trailer("Upstream-Status")
+
+    @property
+    def upstream_pr(self) -> str:
+        return self.trailer("Upstream-PR")
+
+    @property
+    def drop_when(self) -> str:
+        return self.trailer("Drop-When")
+
+    @property
+    def probes(self) -> tuple[str, ...]:
+        return tuple(value for key, value in self.trailers if key == "Probe")
+
+
+@dataclass(frozen=True)
+class Series:
+    """The validated series of one pinned release."""
+
+    release: ReleasePin
+    directory: Path
+    patches: tuple[Patch, ...]
+
+    @property
+    def series_id(self) -> str:
+        """The patched build's full version, e.g. `vllm-0.33.0+hybridkv.1`."""
+        return f"vllm-{self.version}"
+
+    @property
+    def version(self) -> str:
+        return f"{self.release.version}+{self.release.label}"
+
+    @property
+    def digest(self) -> str:
+        """A hash of everything that determines the patched sources: the
+        release, the revision, and each patch's name and bytes, in order."""
+        digest = hashlib.sha256(f"{self.version}\n".encode())
+        for patch in self.patches:
+            digest.update(f"{patch.name}\n{patch.sha256}\n".encode())
+        return digest.hexdigest()
+
+    @property
+    def touched_files(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for patch in self.patches:
+            seen.update(dict.fromkeys(patch.files))
+        return tuple(seen)
+
+
+def series_dir(patches_root: Path, version: str) -> Path:
+    return patches_root / "vllm" / f"v{version}"
+
+
+def load_series(patches_root: Path, release: ReleasePin) -> Series:
+    """The release's series, or an `OverlayError` naming its first defect."""
+    directory = series_dir(patches_root, release.version)
+    if not (directory / SERIES_FILE).is_file():
+        raise OverlayError(
+            f"vLLM {release.version} has no series ({directory / SERIES_FILE} "
+            "does not exist)"
+        )
+    problems = series_problems(directory, patches_root.parent)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise OverlayError(problems[0] + more)
+    names = read_series_file(directory / SERIES_FILE)
+    return Series(release, directory, tuple(parse_patch(directory / n) for n in names))
+
+
+def read_series_file(path: Path) -> list[str]:
+    """Patch file names in order; `#` starts a comment, blank lines are skipped."""
+    names = []
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            names.append(line)
+    return names
+
+
+def series_problems(directory: Path, repo_root: Path) -> list[str]:
+    """Every defect of one release's series directory, as one-line messages."""
+    series_path = directory / SERIES_FILE
+    if not series_path.is_file():
+        return [f"{series_path}: missing"]
+    names = read_series_file(series_path)
+    problems = []
+    seen = set()
+    for name in names:
+        if name in seen:
+            problems.append(f"{series_path}: {name} is listed twice")
+        seen.add(name)
+        if "/" in name or not name.endswith(PATCH_SUFFIX):
+            problems.append(
+                f"{series_path}: {name} must be a *{PATCH_SUFFIX} file name"
+            )
+        elif not (directory / name).is_file():
+            problems.append(f"{series_path}: lists {name}, which does not exist")
+        else:
+            problems.extend(_patch_problems(directory / name, repo_root))
+    for path in sorted(directory.glob(f"*{PATCH_SUFFIX}")):
+        if path.name not in seen:
+            problems.append(f"{path}: not listed in {series_path}")
+    return problems
+
+
+def _patch_problems(path: Path, repo_root: Path) -> list[str]:
+    try:
+        patch = parse_patch(path)
+    except OverlayError as exc:
+        return [str(exc)]
+    problems = []
+    keys = [key for key, _ in patch.trailers]
+    for key in REQUIRED_TRAILERS:
+        if key not in keys:
+            problems.append(f"{path}: missing trailer {key}:")
+    for key in _SINGLE_TRAILERS:
+        if keys.count(key) > 1:
+            problems.append(f"{path}: trailer {key}: appears more than once")
+    for key, value in patch.trailers:
+        problems.extend(_trailer_problems(path, key, value, repo_root))
+    if (
+        "Upstream-Status" in keys
+        and patch.upstream_status.startswith("Submitted ")
+        and "Upstream-PR" in keys
+        and patch.upstream_pr != patch.upstream_status.split(" ", 1)[1]
+    ):
+        problems.append(f"{path}: Upstream-PR must be the URL of Submitted")
+    return problems
+
+
+def _trailer_problems(path: Path, key: str, value: str, repo_root: Path) -> list[str]:
+    if key == "Upstream-Status" and not _UPSTREAM_STATUS.fullmatch(value):
+        return [
+            f"{path}: invalid Upstream-Status: {value!r} (Pending | Submitted <url> "
+            "| Backport <release or commit> | Inappropriate <reason>)"
+        ]
+    if key == "Upstream-PR" and not _UPSTREAM_PR.fullmatch(value):
+        return [f"{path}: invalid Upstream-PR: {value!r} (a URL or none)"]
+    if key == "Drop-When" and not value.strip():
+        return [f"{path}: Drop-When: is empty"]
+    if key == "Probe":
+        reason = probe_problem(value, repo_root)
+        if reason:
+            return [f"{path}: Probe: {value}: {reason}"]
+    return []
+
+
+def probe_problem(node_id: str, repo_root: Path) -> str | None:
+    """Why `node_id` names no test in our tree, or None when it does.
+
+    Checked statically (the test file's syntax tree), because probes only import
+    inside an environment where vLLM is installed.
+    """
+    match = _PROBE_ID.fullmatch(node_id)
+    if not match:
+        return "not a pytest node id of the form tests/...py::test_name"
+    file, qualname = match.group(1), match.group(2).split("::")
+    source = repo_root / file
+    if not source.is_file():
+        return f"{file} does not exist"
+    scope: list[ast.stmt] = ast.parse(source.read_text(encoding="utf-8")).body
+    for part in qualname:
+        node = next(
+            (
+                n
+                for n in scope
+                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                and n.name == part
+            ),
+            None,
+        )
+        if node is None:
+            return f"{file} defines no {'::'.join(qualname)}"
+        scope = node.body if isinstance(node, ast.ClassDef) else []
+    return None
+
+
+def parse_patch(path: Path) -> Patch:
+    """Parse one `git format-patch` file; a malformed one is an `OverlayError`."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise OverlayError(f"{path}: not UTF-8 text") from None
+    if not text.startswith("From "):
+        raise OverlayError(f"{path}: not a git format-patch file (no 'From ' line)")
+    message = email.parser.Parser(policy=email.policy.compat32).parsestr(text)
+    subject = " ".join((message["Subject"] or "").split())
+    subject = _SUBJECT_PREFIX.sub("", subject)
+    if not subject or not message["From"]:
+        raise OverlayError(f"{path}: malformed patch: no From:/Subject: header")
+    payload = message.get_payload()
+    if not isinstance(payload, str) or "\n---\n" not in f"\n{payload}":
+        raise OverlayError(f"{path}: malformed patch: no '---' after the message")
+    body, _, diff = f"\n{payload}".partition("\n---\n")
+    files = _diff_files(path, diff)
+    return Patch(
+        name=path.name,
+        path=path,
+        subject=subject,
+        trailers=_trailers(body),
+        files=files,
+        sha256=hashlib.sha256(raw).hexdigest(),
+    )
+
+
+def _trailers(body: str) -> tuple[tuple[str, str], ...]:
+    """The `Key: value` lines of the message's last paragraph."""
+    paragraphs = [p for p in body.strip().split("\n\n") if p.strip()]
+    if not paragraphs:
+        return ()
+    pairs = []
+    for line in paragraphs[-1].splitlines():
+        match = _TRAILER.fullmatch(line.strip())
+        if not match:
+            return ()
+        pairs.append((match.group(1), match.group(2).strip()))
+    return tuple(pairs)
+
+
+def _diff_files(path: Path, diff: str) -> tuple[str, ...]:
+    headers = _DIFF_HEADER.findall(diff)
+    if not headers:
+        raise OverlayError(f"{path}: malformed patch: no 'diff --git' section")
+    if "GIT binary patch" in diff or "\nBinary files " in diff:
+        raise OverlayError(f"{path}: binary diffs are not allowed")
+    files = []
+    for old, new in headers:
+        for name in {old, new}:
+            if not name.endswith(".py"):
+                raise OverlayError(
+                    f"{path}: touches {name}; patches may change Python files only"
+                )
+        if old != new:
+            raise OverlayError(f"{path}: renames {old} to {new}; not supported")
+        files.append(new)
+    if diff.count("\n@@ ") + diff.startswith("@@ ") == 0:
+        raise OverlayError(f"{path}: malformed patch: no hunks")
+    return tuple(files)

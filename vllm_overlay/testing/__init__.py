@@ -1,0 +1,1 @@
+"""pytest support for proving patches against the installed vLLM."""

