@@ -9,6 +9,7 @@ from vllm_overlay.lint import lint
 from vllm_overlay.locations import patches_root
 from vllm_overlay.pins import DISTRIBUTIONS
 from vllm_overlay.release import build_release
+from vllm_overlay.table import TABLE_FILE, render_table
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -25,6 +26,28 @@ def _lint(args: argparse.Namespace) -> int:
         print(f"vllm-overlay lint: {len(problems)} problem(s)", file=sys.stderr)
         return 1
     print("vllm-overlay lint: the series are well-formed")
+    return 0
+
+
+def _table(args: argparse.Namespace) -> int:
+    root = patches_root()
+    table = render_table(root)
+    target = root.parent / TABLE_FILE
+    if args.write:
+        target.write_text(table, encoding="utf-8")
+        print(f"wrote {target}")
+        return 0
+    if args.check:
+        current = target.read_text(encoding="utf-8") if target.is_file() else ""
+        if current != table:
+            print(
+                f"vllm-overlay: error: {target} is out of date; run "
+                "`vllm-overlay table --write`",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    print(table, end="")
     return 0
 
 
@@ -55,6 +78,15 @@ def _parser() -> argparse.ArgumentParser:
         "lint", help="check pins, series files, patch trailers and probe ids"
     )
     check.set_defaults(func=_lint)
+    table = commands.add_parser(
+        "table", help=f"print the generated {TABLE_FILE} (or --write / --check it)"
+    )
+    mode = table.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help=f"rewrite {TABLE_FILE}")
+    mode.add_argument(
+        "--check", action="store_true", help=f"fail if {TABLE_FILE} is out of date"
+    )
+    table.set_defaults(func=_table)
     return parser
 
 

