@@ -33,7 +33,6 @@ from vllm_overlay.wheelbuild import (
     SourceWheel,
     build_patched_wheel,
     manifest_bytes,
-    patched_wheel_name,
 )
 
 
@@ -88,8 +87,10 @@ def unpack_and_pack(
     renamed = tree.parent / f"vllm-{series.version}"
     tree.rename(renamed)
     out = work / "packed"
+    out.mkdir()
     subprocess.run([*wheel, "pack", "-d", str(out), str(renamed)], check=True)
-    return out / patched_wheel_name(source.path.name, series.version)
+    [packed] = out.glob("*.whl")
+    return packed
 
 
 def main() -> None:

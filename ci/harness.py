@@ -180,7 +180,7 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
         version, sdist, cache / "upstream-tests" / version
     )
     hf_home = cache / "hf-standin"
-    write_hf_standin(hf_home)
+    write_hf_standin(hf_home, venv / "bin" / "python")
     env = test_environment(version, cache, hf_home)
 
     if check_installed(venv, series):

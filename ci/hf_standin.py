@@ -10,7 +10,7 @@ reads offline) in which every id answers with:
 - a byte-level BPE tokenizer built locally with the `tokenizers` library, with
   the model's vocabulary size and its special tokens at their real ids (the
   tests check lengths and ids, never the text a real tokenizer would give);
-- random weights, only for the models whose tests start an engine.
+- random weights, only for the models whose tests start an engine here.
 
 Nothing is downloaded, and the same inputs give the same files. It needs
 `tokenizers`, `torch` and `transformers`, which every release environment has:
@@ -122,6 +122,11 @@ def _llama3_specials() -> dict[int, str]:
     }
 
 
+# Every model id that the upstream tests we run name (see
+# `ci/upstream_tests.py`). Only distilgpt2 carries weights: it is the one model
+# with which a test that runs here starts an engine (test_engine_logger_apis).
+# Qwen/Qwen3.5-0.8B is named only by test_hybrid_prefix_cache_hit_rate.py,
+# which needs the real checkpoint and is deselected (ci/deselected.toml).
 STANDINS: tuple[StandIn, ...] = (
     StandIn(
         "facebook/opt-125m",

@@ -1,0 +1,68 @@
+"""The harness pieces that decide what CI reports: JUnit counting and the
+upstream-cleanup plugin."""
+
+from pathlib import Path
+
+import pytest
+
+from ci.harness import Counts, junit_counts
+
+PLUGINS = Path(__file__).resolve().parents[2] / "ci" / "pytest_plugins"
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" errors="1" failures="2" skipped="3" tests="10">
+</testsuite></testsuites>
+"""
+
+
+def test_junit_counts(tmp_path):
+    report = tmp_path / "r.xml"
+    report.write_text(JUNIT)
+    assert junit_counts(report) == Counts(passed=4, failed=3, skipped=3)
+    assert str(junit_counts(report)) == "4 passed, 3 failed, 3 skipped"
+
+
+def test_missing_report_counts_as_a_failure(tmp_path):
+    assert junit_counts(tmp_path / "absent.xml") == Counts(failed=1)
+
+
+def test_counts_add_up():
+    assert Counts(1, 2, 3) + Counts(10, 20, 30) == Counts(11, 22, 33)
+
+
+SKIP_CHECKS = """
+def marked(request):
+    return request.node.get_closest_marker("skip_global_cleanup") is not None
+
+def test_unit(request):
+    assert marked(request)
+
+def test_engine(request):
+    llm = "LLM(" and None
+    assert not marked(request)
+
+def test_distributed(request, dist_init):
+    assert not marked(request)
+"""
+
+
+@pytest.mark.parametrize("plugin", [True, False])
+def test_cleanup_is_skipped_only_where_no_engine_is_involved(
+    pytester, monkeypatch, plugin
+):
+    monkeypatch.setenv("PYTHONPATH", str(PLUGINS))
+    pytester.makeconftest(
+        "import pytest\n"
+        "def pytest_configure(config):\n"
+        "    config.addinivalue_line('markers', 'skip_global_cleanup: x')\n"
+        "@pytest.fixture\n"
+        "def dist_init():\n"
+        "    return None\n"
+    )
+    pytester.makepyfile(test_marks=SKIP_CHECKS)
+    args = ["-p", "skip_cpu_global_cleanup"] if plugin else []
+    result = pytester.runpytest_subprocess(*args)
+    if plugin:
+        result.assert_outcomes(passed=3)
+    else:
+        result.assert_outcomes(passed=2, failed=1)
