@@ -15,6 +15,7 @@ output directory.
 
 import base64
 import csv
+import errno
 import hashlib
 import io
 import json
@@ -39,6 +40,10 @@ MANIFEST_FORMAT = 1
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
 _LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"
 _DATA_DESCRIPTOR_FLAG = 0x08
+# copy_file_range is refused across some filesystems and on some kernels.
+_NO_COPY_FILE_RANGE = frozenset(
+    {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}
+)
 
 
 @dataclass(frozen=True)
@@ -222,7 +227,8 @@ def _rewrite_metadata(metadata: bytes, version: str) -> bytes:
 def _write_atomically(target: Path, archive: zipfile.ZipFile, plan: _Plan) -> Path:
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as raw, zipfile.ZipFile(raw, "w") as out:
+        # Unbuffered: raw member data goes to the file descriptor directly.
+        with open(tmp, "wb", buffering=0) as raw, zipfile.ZipFile(raw, "w") as out:
             rows = _write_members(archive, out, plan)
             _write_record(out, plan, rows)
         _assert_unchanged_members_identical(archive, tmp, plan)
@@ -298,7 +304,8 @@ def _copy_raw(
 
     zipfile has no public raw copy, so this writes the local header through
     `ZipInfo.FileHeader` and registers the entry the way `ZipFile.writestr`
-    does; `close()` then writes the central directory from it.
+    does; `close()` then writes the central directory from it. The data moves
+    file to file inside the kernel (`copy_file_range`), never through Python.
     """
     source = archive.fp
     assert source is not None and out.fp is not None
@@ -306,10 +313,7 @@ def _copy_raw(
     header = _LOCAL_HEADER.unpack(source.read(_LOCAL_HEADER.size))
     if header[0] != _LOCAL_HEADER_SIGNATURE:
         raise OverlayError(f"corrupted wheel: bad local header for {info.filename}")
-    source.seek(header[-2] + header[-1], os.SEEK_CUR)
-    data = source.read(info.compress_size)
-    if len(data) != info.compress_size:
-        raise OverlayError(f"truncated wheel: {info.filename} is cut short")
+    data_offset = info.header_offset + _LOCAL_HEADER.size + header[-2] + header[-1]
     copy = zipfile.ZipInfo(name, date_time=info.date_time)
     copy.compress_type = info.compress_type
     copy.external_attr = info.external_attr
@@ -320,12 +324,36 @@ def _copy_raw(
     copy.file_size = info.file_size
     out.fp.seek(out.start_dir)
     copy.header_offset = out.fp.tell()
-    out.fp.write(copy.FileHeader(None))
-    out.fp.write(data)
+    local_header = copy.FileHeader(None)
+    out.fp.write(local_header)
+    _copy_range(source.fileno(), data_offset, out.fp.fileno(), info.compress_size)
+    expected_end = copy.header_offset + len(local_header) + info.compress_size
+    if out.fp.tell() != expected_end:
+        raise OverlayError(f"truncated wheel: {info.filename} is cut short")
     out.filelist.append(copy)
     out.NameToInfo[name] = copy
     out.start_dir = out.fp.tell()
     out._didModify = True
+
+
+def _copy_range(source_fd: int, offset: int, target_fd: int, size: int) -> None:
+    """Copy `size` bytes at `offset` of `source_fd` to `target_fd`'s position.
+
+    Stops early at the end of the source; the caller checks the length.
+    """
+    while size > 0:
+        try:
+            copied = os.copy_file_range(source_fd, target_fd, size, offset)
+        except OSError as exc:
+            if exc.errno not in _NO_COPY_FILE_RANGE:
+                raise
+            copied = os.write(
+                target_fd, os.pread(source_fd, min(size, 1 << 24), offset)
+            )
+        if copied == 0:
+            return
+        offset += copied
+        size -= copied
 
 
 def _assert_unchanged_members_identical(
