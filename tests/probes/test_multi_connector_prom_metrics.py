@@ -15,12 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from scheduler_side_connector import SchedulerSideConnector
 from vllm.config import KVTransferConfig
-from vllm.distributed.kv_transfer.kv_connector.v1 import (
-    KVConnectorBase_V1,
-    KVConnectorRole,
-)
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorProm,
     KVConnectorPromMetrics,
@@ -30,7 +27,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
     MultiConnector,
 )
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
 from vllm.v1.request import Request
@@ -82,7 +78,7 @@ class ProbeTransferPromMetrics(KVConnectorPromMetrics):
         self._transfers[engine_idx].inc(transfer_stats_data["num_transfers"])
 
 
-class StatsOnlyChildConnector(KVConnectorBase_V1):
+class StatsOnlyChildConnector(SchedulerSideConnector):
     """A scheduler-side child that reports transfer stats, but has no
     Prometheus metrics (it keeps the base `build_prom_metrics`).
 
@@ -106,26 +102,6 @@ class StatsOnlyChildConnector(KVConnectorBase_V1):
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         pass
-
-    def build_connector_meta(
-        self, scheduler_output: SchedulerOutput
-    ) -> KVConnectorMetadata:
-        return KVConnectorMetadata()
-
-    # Worker-side methods: a scheduler-only probe never calls them.
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        raise NotImplementedError
-
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        raise NotImplementedError
-
-    def save_kv_layer(
-        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
-    ) -> None:
-        raise NotImplementedError
-
-    def wait_for_save(self) -> None:
-        raise NotImplementedError
 
 
 class ExportingChildConnector(StatsOnlyChildConnector):

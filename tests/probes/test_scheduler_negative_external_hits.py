@@ -17,12 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from scheduler_side_connector import SchedulerSideConnector
 from vllm.config import KVTransferConfig
-from vllm.distributed.kv_transfer.kv_connector.v1 import (
-    KVConnectorBase_V1,
-    KVConnectorRole,
-)
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -32,7 +29,7 @@ MakeScheduler = Callable[[KVTransferConfig], Scheduler]
 MakeRequest = Callable[[str, int], Request]
 
 
-class NegativeHitConnector(KVConnectorBase_V1):
+class NegativeHitConnector(SchedulerSideConnector):
     """A scheduler-side connector that answers a fixed external hit.
 
     `kv_connector_extra_config` sets the answer (`matched_tokens`,
@@ -65,26 +62,6 @@ class NegativeHitConnector(KVConnectorBase_V1):
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         self.num_external_tokens_allocated[request.request_id] = num_external_tokens
-
-    def build_connector_meta(
-        self, scheduler_output: SchedulerOutput
-    ) -> KVConnectorMetadata:
-        return KVConnectorMetadata()
-
-    # Worker-side methods: a scheduler-only probe never calls them.
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        raise NotImplementedError
-
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        raise NotImplementedError
-
-    def save_kv_layer(
-        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
-    ) -> None:
-        raise NotImplementedError
-
-    def wait_for_save(self) -> None:
-        raise NotImplementedError
 
 
 class WarnOnceProbeConnectorA(NegativeHitConnector):
