@@ -2,9 +2,10 @@
 
 1. Static checks and the tooling tests (seconds, no vLLM needed).
 2. Per pinned release: build the patched wheel, bring the release's cached
-   environment up to date, run upstream vLLM's own tests against it, then the
-   series' probes twice: on the patched build (each must pass) and on the
-   unpatched sources (each must fail; see `vllm_overlay.testing.unpatched`).
+   environment up to date, run upstream vLLM's own tests (with the series'
+   updates to them) against it, then `tests/probes` on the patched build
+   (every test must pass) and the series' probes on the unpatched sources
+   (each must fail; see `vllm_overlay.testing.unpatched`).
 
 A summary per release closes the run; the exit status is non-zero if any step
 failed. Steps of one release go on after a failure of another release, so one
@@ -25,6 +26,7 @@ from packaging.version import Version
 from ci.hf_standin import write_hf_standin
 from ci.release_env import ensure_release_env
 from ci.upstream_tests import (
+    patch_upstream_tests,
     prepare_upstream_tests,
     run_upstream_tests,
     test_environment,
@@ -36,6 +38,7 @@ from vllm_overlay.release import build_release, pinned_releases, release_series
 from vllm_overlay.series import Series
 
 UNPATCHED_PLUGIN = "vllm_overlay.testing.unpatched"
+PROBES_DIR = "tests/probes"
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,7 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
     tests_dir = prepare_upstream_tests(
         version, sdist, cache / "upstream-tests" / version
     )
+    patch_upstream_tests(series, tests_dir)
     hf_home = cache / "hf-standin"
     write_hf_standin(hf_home, venv / "bin" / "python")
     env = test_environment(version, cache, hf_home)
@@ -194,8 +198,10 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
 
     probes = probe_ids(series)
     if probes:
+        # Patched: every test under tests/probes must pass, the probes and the
+        # tests beside them that pin behaviour the patches must keep.
         patched = reports / f"probes-{version}.xml"
-        if run_probes(venv, probes, env, patched, unpatched=False):
+        if run_probes(venv, [PROBES_DIR], env, patched, unpatched=False):
             outcome.failures.append("probes on the patched build")
         outcome.probes_patched = junit_counts(patched)
         unpatched = reports / f"probes-unpatched-{version}.xml"
@@ -219,7 +225,7 @@ def print_summary(
         status = "FAILED: " + "; ".join(o.failures) if o.failures else "ok"
         print(f"vLLM {o.release} ({o.dist}, {o.seconds / 60:.1f} min): {status}")
         print(f"  upstream tests:                {o.upstream or 'not run'}")
-        print(f"  probes, patched build:         {o.probes_patched or 'not run'}")
+        print(f"  tests/probes, patched build:   {o.probes_patched or 'not run'}")
         print(f"  probes, unpatched (inverted):  {o.probes_unpatched or 'not run'}")
     total = sum((o.counts for o in outcomes), tooling)
     print(f"total: {total}")

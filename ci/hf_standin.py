@@ -26,6 +26,10 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -501,10 +505,25 @@ def write_hf_standin(hf_home: Path, python: Path | None = None) -> None:
             return
         hub.mkdir(parents=True, exist_ok=True)
         (hub / STAMP).unlink(missing_ok=True)
+        remove_stale_repos(hub)
         for standin in STANDINS:
             _progress(f"writing {standin.repo_id}")
             write_repo(hub, standin)
         (hub / STAMP).write_text(standin_digest() + "\n")
+
+
+def remove_stale_repos(hub: Path) -> None:
+    """Delete repositories of model ids no longer in `STANDINS`, so that a
+    dropped model's weights do not linger in the cache."""
+    wanted = {repo_dir_name(standin.repo_id) for standin in STANDINS}
+    for repo in hub.glob("models--*"):
+        if repo.name not in wanted:
+            shutil.rmtree(repo)
+
+
+def repo_dir_name(repo_id: str) -> str:
+    """The hub cache's directory name for a model id."""
+    return "models--" + repo_id.replace("/", "--")
 
 
 def _is_current(hf_home: Path) -> bool:
@@ -543,8 +562,7 @@ def write_repo(hub: Path, standin: StandIn) -> None:
     The snapshot is built beside the repository and moved in whole, so a reader
     never sees half of it.
     """
-    org, name = standin.repo_id.split("/")
-    repo = hub / f"models--{org}--{name}"
+    repo = hub / repo_dir_name(standin.repo_id)
     revision = revision_of(standin)
     with tempfile.TemporaryDirectory(dir=hub, prefix=".building-") as tmp:
         staging = Path(tmp) / "repo"
@@ -581,7 +599,7 @@ def write_tokenizer(snapshot: Path, vocabulary: Vocabulary) -> None:
     )
 
 
-def build_tokenizer(vocabulary: Vocabulary):
+def build_tokenizer(vocabulary: Vocabulary) -> "Tokenizer":
     """A byte-level BPE tokenizer with exactly `vocabulary.size` entries and
     the special tokens at their ids.
 

@@ -165,23 +165,17 @@ def dependency_requirements(info: WheelInfo, sdist_tree: Path) -> list[str]:
     else:
         common = sdist_tree / "requirements" / "common.txt"
         base = [*_requirement_lines(common), *CUDA_WHEEL_EXTRAS]
-    wanted = [
-        line
-        for line in (_relax(line) for line in base)
-        if canonicalize_name(Requirement(line).name) not in CPU_INCOMPATIBLE
-        and canonicalize_name(Requirement(line).name) != "torch"
-    ]
-    return [CPU_TORCH, *wanted, *test_plugin_pins(sdist_tree)]
+    # torch is left out because CPU_TORCH takes its place.
+    dropped = CPU_INCOMPATIBLE | {"torch"}
+    wanted = [_relax(line) for line in base if _name(line) not in dropped]
+    return [CPU_TORCH, *wanted, *plugin_pins(sdist_tree)]
 
 
-def test_plugin_pins(sdist_tree: Path) -> list[str]:
+def plugin_pins(sdist_tree: Path) -> list[str]:
     """The test plugins at the versions the release's own CPU test
     requirements pin, so upstream's tests run under the plugins they expect."""
     source = sdist_tree / "requirements" / "test" / "cpu.txt"
-    pins = {
-        canonicalize_name(Requirement(line).name): line
-        for line in _requirement_lines(source)
-    }
+    pins = {_name(line): line for line in _requirement_lines(source)}
     missing = [name for name in TEST_PLUGINS if canonicalize_name(name) not in pins]
     if missing:
         raise OverlayError(f"{source} pins none of: {', '.join(missing)}")
@@ -354,11 +348,16 @@ def _requirement_lines(path: Path) -> list[str]:
     return lines
 
 
+def _name(line: str) -> str:
+    """The canonical project name of a requirement line."""
+    return canonicalize_name(Requirement(line).name)
+
+
 def _relax(line: str) -> str:
     """`line` with its version constraint dropped when it names a package in
     `RELAXED`; other lines unchanged."""
     req = Requirement(line)
-    if canonicalize_name(req.name) not in RELAXED:
+    if _name(line) not in RELAXED:
         return line
     marker = f"; {req.marker}" if req.marker else ""
     return f"{req.name}{marker}"

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +27,15 @@ if __package__ in (None, ""):
 
 from packaging.version import Version
 
+from vllm_overlay.applier import apply_series
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.series import TESTS_DIR, Series
 
 DESELECTED_FILE = Path(__file__).resolve().parent / "deselected.toml"
 PYTEST_PLUGINS = Path(__file__).resolve().parent / "pytest_plugins"
 CLEANUP_PLUGIN = "skip_cpu_global_cleanup"
+WORKTREE_PLUGIN = "vllm_overlay.testing.worktree"
+REPO_ROOT = Path(__file__).resolve().parent.parent
 # Long enough for the slowest engine start on two CPU cores, short enough that
 # a hung test costs minutes rather than the whole CI budget.
 PER_TEST_TIMEOUT_S = 600
@@ -101,6 +106,25 @@ def prepare_upstream_tests(release: str, sdist_tree: Path, dest: Path) -> Path:
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(staging, dest)
     return dest
+
+
+def patch_upstream_tests(series: Series, tests_dir: Path) -> None:
+    """Apply the series' hunks for upstream's tests to the prepared copy in
+    `tests_dir` (zero fuzz, like the package hunks). A patch that changes
+    behaviour an upstream test pins carries the test's update, and the run
+    must test the patched build against the updated test."""
+    files = series.upstream_test_files
+    missing = [f for f in files if not (tests_dir / f).is_file()]
+    if missing:
+        raise OverlayError(
+            f"the series changes upstream tests the harness does not run: "
+            f"{', '.join(missing)}; add them to _TEST_FILES"
+        )
+    originals = {f: (tests_dir / f).read_bytes() for f in files}
+    for relative, content in apply_series(series, originals, TESTS_DIR).items():
+        if content is None:
+            raise OverlayError(f"the series deletes upstream test {relative}")
+        (tests_dir / relative).write_bytes(content)
 
 
 def _collection_roots(release: str, sdist_tree: Path) -> set[Path]:
@@ -247,10 +271,15 @@ def run_upstream_tests(
     tests_dir: Path,
     env: dict[str, str],
     junit_xml: Path | None = None,
+    worktree: bool = False,
+    pytest_args: Sequence[str] = (),
 ) -> int:
     """Run the release's upstream tests in `tests_dir` (from
     `prepare_upstream_tests`) with `venv`'s Python, minus the deselections;
     output goes straight to this process's stdout. Returns pytest's exit code.
+
+    `worktree` tests this checkout's series instead of the installed build
+    (`vllm_overlay.testing.worktree`); `pytest_args` are passed on (`-k`, `-x`).
     """
     stale = [
         d.target
@@ -273,13 +302,17 @@ def run_upstream_tests(
         f"--timeout={PER_TEST_TIMEOUT_S}",
         "-rfEs",
         *(["--junit-xml", str(junit_xml)] if junit_xml else []),
+        *(["-p", WORKTREE_PLUGIN] if worktree else []),
         *deselection_args(release),
+        *pytest_args,
         *upstream_test_files(release),
     ]
     inherited = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    # Only our pytest plugins join the path: the tests must import the
-    # installed vLLM and nothing of this checkout.
-    inherited["PYTHONPATH"] = str(PYTEST_PLUGINS)
+    # Only our pytest plugins join the path (and, for `worktree`, the checkout's
+    # package, which shadows nothing of vLLM): the tests must import the
+    # installed vLLM.
+    paths = [PYTEST_PLUGINS, *([REPO_ROOT] if worktree else [])]
+    inherited["PYTHONPATH"] = os.pathsep.join(map(str, paths))
     return subprocess.run(
         command, cwd=tests_dir, env={**inherited, **env}, check=False
     ).returncode
@@ -291,11 +324,21 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_overlay.fetch import fetch_sdist_tree
     from vllm_overlay.locations import cache_root, patches_root
     from vllm_overlay.pins import load_pins
+    from vllm_overlay.release import release_series
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("release", help="a pinned release, e.g. 0.32.0")
     parser.add_argument("--junit-xml", type=Path, help="write a JUnit report here")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--worktree",
+        action="store_true",
+        help="test this checkout's series, not the installed build",
+    )
+    parser.epilog = "Arguments after -- go to pytest (-k, -x, ...)."
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    pytest_args = argv[split + 1 :]
     cache = cache_root()
     venv = cache / "envs" / args.release
     try:
@@ -310,8 +353,17 @@ def main(argv: list[str] | None = None) -> int:
         tests_dir = prepare_upstream_tests(
             args.release, sdist_tree, cache / "upstream-tests" / args.release
         )
+        patch_upstream_tests(release_series(args.release), tests_dir)
         env = test_environment(args.release, cache, hf_home)
-        return run_upstream_tests(args.release, venv, tests_dir, env, args.junit_xml)
+        return run_upstream_tests(
+            args.release,
+            venv,
+            tests_dir,
+            env,
+            args.junit_xml,
+            worktree=args.worktree,
+            pytest_args=pytest_args,
+        )
     except OverlayError as exc:
         print(f"vllm-overlay: error: {exc}", file=sys.stderr)
         return 1

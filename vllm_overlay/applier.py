@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.series import Patch, Series
+from vllm_overlay.series import PACKAGE_DIR, TESTS_DIR, Patch, Series
 
 _CHECKING = re.compile(r"^Checking patch (\S+)\.\.\.$")
 _OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \((offset|fuzz) .*\)\.$")
@@ -25,13 +25,17 @@ _HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@", re.MULTILINE
 
 
 def apply_series(
-    series: Series, originals: Mapping[str, bytes]
+    series: Series, originals: Mapping[str, bytes], tree: str = PACKAGE_DIR
 ) -> dict[str, bytes | None]:
-    """Patched content of every file the series touches (None: deleted).
+    """Patched content of every file under `tree` (`vllm/` or `tests/`) the
+    series touches (None: deleted). Hunks for the other tree are skipped.
 
-    `originals` holds the upstream bytes of the touched files that exist
-    upstream; a file missing from it must be created by its first patch.
+    `originals` holds the upstream bytes of those files that exist upstream; a
+    file missing from it must be created by its first patch.
     """
+    files = {PACKAGE_DIR: series.touched_files, TESTS_DIR: series.upstream_test_files}
+    if tree not in files:
+        raise ValueError(f"tree must be {PACKAGE_DIR!r} or {TESTS_DIR!r}, not {tree!r}")
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-apply-") as scratch:
         root = Path(scratch)
         for name, content in originals.items():
@@ -39,14 +43,15 @@ def apply_series(
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
         for patch in series.patches:
-            _apply_exactly(patch, root, series.release.version)
+            if any(f.startswith(tree) for f in patch.files):
+                _apply_exactly(patch, root, series.release.version, tree)
         return {
             name: (root / name).read_bytes() if (root / name).exists() else None
-            for name in series.touched_files
+            for name in files[tree]
         }
 
 
-def _apply_exactly(patch: Patch, root: Path, version: str) -> None:
+def _apply_exactly(patch: Patch, root: Path, version: str, tree: str) -> None:
     env = dict(
         os.environ,
         # Never let git discover a repository above the scratch directory.
@@ -54,7 +59,11 @@ def _apply_exactly(patch: Patch, root: Path, version: str) -> None:
         LC_ALL="C",
     )
     proc = subprocess.run(
-        ["git", "apply", "--verbose", "--whitespace=nowarn", str(patch.path)],
+        [
+            *("git", "apply", "--verbose", "--whitespace=nowarn"),
+            f"--include={tree}*",
+            str(patch.path),
+        ],
         cwd=root,
         capture_output=True,
         text=True,

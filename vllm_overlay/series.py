@@ -26,6 +26,10 @@ from vllm_overlay.pins import ReleasePin
 
 SERIES_FILE = "series"
 PATCH_SUFFIX = ".patch"
+# The two trees a patch may change: vLLM's package (shipped in the wheel) and
+# upstream's tests (run by the harness, never shipped).
+PACKAGE_DIR = "vllm/"
+TESTS_DIR = "tests/"
 REQUIRED_TRAILERS = ("Upstream-Status", "Upstream-PR", "Drop-When", "Probe")
 _SINGLE_TRAILERS = ("Upstream-Status", "Upstream-PR", "Drop-When")
 
@@ -99,9 +103,21 @@ class Series:
 
     @property
     def touched_files(self) -> tuple[str, ...]:
+        """The package files the series changes: what the patched wheel ships."""
+        return self._files_under(PACKAGE_DIR)
+
+    @property
+    def upstream_test_files(self) -> tuple[str, ...]:
+        """The upstream test files the series changes. A patch that changes
+        behaviour an upstream test pins updates that test in the same commit;
+        these hunks never reach the wheel, the harness applies them to the
+        release's test tree."""
+        return self._files_under(TESTS_DIR)
+
+    def _files_under(self, top: str) -> tuple[str, ...]:
         seen: dict[str, None] = {}
         for patch in self.patches:
-            seen.update(dict.fromkeys(patch.files))
+            seen.update(dict.fromkeys(f for f in patch.files if f.startswith(top)))
         return tuple(seen)
 
 
@@ -288,6 +304,11 @@ def _diff_files(path: Path, diff: str) -> tuple[str, ...]:
             if not name.endswith(".py"):
                 raise OverlayError(
                     f"{path}: touches {name}; patches may change Python files only"
+                )
+            if not name.startswith((PACKAGE_DIR, TESTS_DIR)):
+                raise OverlayError(
+                    f"{path}: touches {name}; patches may change files under "
+                    f"{PACKAGE_DIR} or {TESTS_DIR} only"
                 )
         if old != new:
             raise OverlayError(f"{path}: renames {old} to {new}; not supported")

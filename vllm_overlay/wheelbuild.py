@@ -32,7 +32,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from vllm_overlay.applier import apply_series
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locking import exclusive
-from vllm_overlay.series import Series
+from vllm_overlay.series import PACKAGE_DIR, Series
 
 DIST_NAME = "vllm"
 MANIFEST_PATH = "vllm/_overlay_series.json"
@@ -149,7 +149,8 @@ def manifest_bytes(series: Series, source: SourceWheel) -> bytes:
                 "name": patch.name,
                 "subject": patch.subject,
                 "sha256": patch.sha256,
-                "files": list(patch.files),
+                # Only what the wheel ships: hunks for upstream's tests stay out.
+                "files": [f for f in patch.files if f.startswith(PACKAGE_DIR)],
                 "upstream_status": patch.upstream_status,
                 "upstream_pr": patch.upstream_pr,
                 "drop_when": patch.drop_when,

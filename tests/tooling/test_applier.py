@@ -61,3 +61,55 @@ def test_changed_context_is_refused_with_hunk_number(project):
 def test_missing_file_is_refused(project):
     with pytest.raises(OverlayError, match=r"scheduler-demo\.patch.*No such file"):
         apply_series(release_series(None), {})
+
+
+UPSTREAM_TEST = "tests/v1/core/test_scheduler.py"
+UPSTREAM_TEST_SOURCE = "def test_old():\n    assert 1\n"
+
+
+def add_patch_with_test_update(project) -> None:
+    project.add_patch(
+        "with-test.patch",
+        format_patch(
+            project.workdir,
+            {
+                SCHEDULER: scheduler_edit(20, "line twenty, patched"),
+                UPSTREAM_TEST: UPSTREAM_TEST_SOURCE,
+            },
+            {
+                SCHEDULER: scheduler_edit(20, "line twenty, patched").replace(
+                    "line 30\n", "line thirty\n"
+                ),
+                UPSTREAM_TEST: "def test_new():\n    assert 2\n",
+            },
+        ),
+    )
+
+
+def test_package_tree_skips_hunks_for_upstream_tests(project):
+    add_patch_with_test_update(project)
+    series = release_series(None)
+    assert series.touched_files == (SCHEDULER,)
+    assert series.upstream_test_files == (UPSTREAM_TEST,)
+    result = apply_series(series, ORIGINALS)
+    assert set(result) == {SCHEDULER}
+    assert b"line thirty\n" in result[SCHEDULER]
+
+
+def test_tests_tree_applies_only_the_test_hunks(project):
+    add_patch_with_test_update(project)
+    originals = {UPSTREAM_TEST: UPSTREAM_TEST_SOURCE.encode()}
+    result = apply_series(release_series(None), originals, "tests/")
+    assert result == {UPSTREAM_TEST: b"def test_new():\n    assert 2\n"}
+
+
+def test_drifted_upstream_test_is_refused(project):
+    add_patch_with_test_update(project)
+    originals = {UPSTREAM_TEST: b"def test_old():\n    assert 1  # moved\n"}
+    with pytest.raises(OverlayError, match=rf"with-test\.patch.*{UPSTREAM_TEST}"):
+        apply_series(release_series(None), originals, "tests/")
+
+
+def test_unknown_tree_is_a_programming_error(project):
+    with pytest.raises(ValueError, match="tree must be"):
+        apply_series(release_series(None), ORIGINALS, "docs/")

@@ -155,6 +155,10 @@ def test_release_without_series_and_series_without_pin(project):
         (lambda text: text.replace("\n---\n", "\n"), "no '---'"),
         (lambda text: text.replace("\nSubject:", "\nX-Subject:"), "no From:/Subject:"),
         (lambda text: text.replace(SCHEDULER, "vllm/cfg.yaml"), "Python files only"),
+        (
+            lambda text: text.replace(SCHEDULER, "setup.py"),
+            "under vllm/ or tests/ only",
+        ),
         (lambda text: text.split("\n@@ ")[0] + "\n", "no hunks"),
         (lambda text: text + "GIT binary patch\n", "binary diffs"),
     ],

@@ -16,6 +16,7 @@ weak"). Setup and collection errors stay errors: they prove nothing.
 
 import tempfile
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,12 @@ from vllm_overlay.locations import cache_root
 from vllm_overlay.manifest import read_installed_manifest
 
 
-def _original_sources(manifest: dict, scratch: Path) -> dict[str, Path]:
+def pristine_sources(
+    manifest: dict, relatives: Iterable[str], scratch: Path
+) -> dict[str, Path]:
+    """Module name -> a file in `scratch` holding the upstream source of each
+    of `relatives`, read from the pinned source wheel the manifest names
+    (re-verified against its sha256)."""
     source = manifest["source"]
     wheel = cache_root() / "wheels" / source["filename"]
     if not wheel.is_file() or sha256_of(wheel) != source["sha256"]:
@@ -34,11 +40,10 @@ def _original_sources(manifest: dict, scratch: Path) -> dict[str, Path]:
             f"the pinned source wheel {source['filename']} is not in the cache "
             f"{wheel.parent} (build the release once with vllm-overlay first)"
         )
-    touched = {f for patch in manifest["patches"] for f in patch["files"]}
     sources = {}
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        for relative in sorted(touched):
+        for relative in sorted(relatives):
             if relative not in names:
                 raise pytest.UsageError(
                     f"{relative} is new in the series; the unpatched release "
@@ -49,6 +54,11 @@ def _original_sources(manifest: dict, scratch: Path) -> dict[str, Path]:
             target.write_bytes(archive.read(relative))
             sources[source_overlay.module_name(relative)] = target
     return sources
+
+
+def installed_touched_files(manifest: dict) -> set[str]:
+    """The package files the installed series changed."""
+    return {f for patch in manifest["patches"] for f in patch["files"]}
 
 
 _RELEASE = pytest.StashKey[str]()
@@ -66,7 +76,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     scratch = tempfile.TemporaryDirectory(prefix="vllm-overlay-unpatched-")
     early_config.stash[_SCRATCH] = scratch
     early_config.stash[_RELEASE] = manifest["release"]
-    source_overlay.install(_original_sources(manifest, Path(scratch.name)))
+    touched = installed_touched_files(manifest)
+    source_overlay.install(pristine_sources(manifest, touched, Path(scratch.name)))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
