@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 import torch
@@ -43,6 +43,7 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    MambaSpec,
 )
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -69,7 +70,13 @@ _TINY_LLAMA_CONFIG: dict[str, Any] = {
     "torch_dtype": "float32",
 }
 
-MakeVllmConfig = Callable[[KVTransferConfig | None], VllmConfig]
+
+class MakeVllmConfig(Protocol):
+    def __call__(
+        self, kv_transfer_config: KVTransferConfig | None, mamba_cache_mode: str = ...
+    ) -> VllmConfig: ...
+
+
 MakeScheduler = Callable[[KVTransferConfig], Scheduler]
 MakeRequest = Callable[[str, int], Request]
 
@@ -99,11 +106,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return model_dir
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def make_vllm_config(tiny_model_dir: Path) -> MakeVllmConfig:
     """Build a real `VllmConfig` for the tiny model and a KV transfer config."""
 
-    def make(kv_transfer_config: KVTransferConfig | None) -> VllmConfig:
+    def make(
+        kv_transfer_config: KVTransferConfig | None, mamba_cache_mode: str = "none"
+    ) -> VllmConfig:
         model_config = ModelConfig(
             model=str(tiny_model_dir),
             skip_tokenizer_init=True,
@@ -123,6 +132,7 @@ def make_vllm_config(tiny_model_dir: Path) -> MakeVllmConfig:
                 block_size=BLOCK_SIZE,
                 cache_dtype="auto",
                 enable_prefix_caching=True,
+                mamba_cache_mode=mamba_cache_mode,
             ),
             kv_transfer_config=kv_transfer_config,
         )
@@ -144,20 +154,60 @@ def single_group_kv_cache_config() -> KVCacheConfig:
     )
 
 
+def hybrid_kv_cache_config() -> KVCacheConfig:
+    """A full-attention group and a Mamba group in "align" mode (a state
+    checkpoint per block), as a hybrid model with prefix caching has."""
+    attention = FullAttentionSpec(
+        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+    mamba = MambaSpec(
+        block_size=BLOCK_SIZE,
+        shapes=((1, 1),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode="align",
+    )
+    return KVCacheConfig(
+        num_blocks=NUM_GPU_BLOCKS,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(["attention"], attention),
+            KVCacheGroupSpec(["mamba"], mamba),
+        ],
+    )
+
+
+def start_scheduler(
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
+) -> Scheduler:
+    """The real v1 `Scheduler`; it creates its connector itself."""
+    register_all_kvcache_specs(vllm_config)
+    return Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        block_size=BLOCK_SIZE,
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+    )
+
+
 @pytest.fixture
 def make_scheduler(make_vllm_config: MakeVllmConfig) -> MakeScheduler:
-    """Build the real v1 `Scheduler`; it creates its connector itself."""
+    """Build the real v1 `Scheduler` over `single_group_kv_cache_config()`."""
 
     def make(kv_transfer_config: KVTransferConfig) -> Scheduler:
         vllm_config = make_vllm_config(kv_transfer_config)
-        register_all_kvcache_specs(vllm_config)
-        return Scheduler(
-            vllm_config=vllm_config,
-            kv_cache_config=single_group_kv_cache_config(),
-            block_size=BLOCK_SIZE,
-            log_stats=True,
-            structured_output_manager=StructuredOutputManager(vllm_config),
-        )
+        return start_scheduler(vllm_config, single_group_kv_cache_config())
+
+    return make
+
+
+@pytest.fixture
+def make_hybrid_scheduler(make_vllm_config: MakeVllmConfig) -> MakeScheduler:
+    """Build the real v1 `Scheduler` over `hybrid_kv_cache_config()`."""
+
+    def make(kv_transfer_config: KVTransferConfig) -> Scheduler:
+        vllm_config = make_vllm_config(kv_transfer_config, mamba_cache_mode="align")
+        return start_scheduler(vllm_config, hybrid_kv_cache_config())
 
     return make
 

@@ -9,9 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorBase_V1
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1 import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    SupportsHMA,
+)
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.request import Request
 
 
 class SchedulerSideConnector(KVConnectorBase_V1):
@@ -35,3 +43,24 @@ class SchedulerSideConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         raise NotImplementedError
+
+
+class RecordingHMAChild(SchedulerSideConnector, SupportsHMA):
+    """A MultiConnector child as the in-tree ones are (HMA-capable), which
+    records the external tokens each request was allocated for: the
+    MultiConnector gives its chosen loader the count and every other child 0,
+    so these records show which child loads a request."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.allocated_external_tokens: dict[str, int] = {}
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        self.allocated_external_tokens[request.request_id] = num_external_tokens
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return False, None

@@ -1,0 +1,223 @@
+"""Probe: a P/D decode request keeps its local full-attention prefix when a
+MultiConnector pairs a P/D child with a store-backed one.
+
+On a decode instance the recurrent (Mamba) group of a hybrid model holds no
+per-block state checkpoints of a prompt: the prefill instance sends only the
+final state. The common prefix hit over all groups is then 0 even when the
+full-attention group caches most of the prompt, unless the connector can
+restore the lagging recurrent state (`supports_divergent_local_hybrid_hits`,
+NixlConnector). Upstream's MultiConnector claims that capability only when
+every child has it, so NixlConnector plus an offloading child re-pulls the
+whole prompt and allocates the cached prefix a second time. Patched, the
+MultiConnector answers per request: a P/D decode request uses the
+full-attention hit and loads from the capable child, and from it alone.
+
+The children stand in for NixlConnector's scheduler side (`PullChild`: pulls
+every prompt token not computed locally, asynchronously) and an offloading
+tier (`StoreChild`: a fixed synchronous hit, no recurrent-state restore).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from scheduler_side_connector import RecordingHMAChild
+from vllm.config import KVTransferConfig
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request
+
+MakeScheduler = Callable[[KVTransferConfig], Scheduler]
+
+# Every probe prompt starts with this prefix; the decode instance caches its
+# first CACHED_BLOCKS blocks before the probe request arrives.
+CACHED_BLOCKS = 4
+PROMPT_BLOCKS = 7
+
+
+@pytest.fixture(autouse=True)
+def _fixed_block_hash_seed() -> None:
+    """Block hashes chain from a process-wide seed; set it once per probe so
+    that every request of the probe hashes alike."""
+    init_none_hash(sha256)
+
+
+class PullChild(RecordingHMAChild):
+    """NixlConnector's decode side: a `do_remote_prefill` request pulls every
+    prompt token not computed locally, recurrent state included."""
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        return True
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        params = request.kv_transfer_params or {}
+        count = request.num_prompt_tokens - num_computed_tokens
+        if params.get("do_remote_prefill") and count > 0:
+            return count, True
+        return 0, False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        super().update_state_after_alloc(request, blocks, num_external_tokens)
+        if request.kv_transfer_params:
+            # As NixlConnector does: the remote prefill is consumed once.
+            request.kv_transfer_params["do_remote_prefill"] = False
+
+
+class StoreChild(RecordingHMAChild):
+    """An offloading tier: a fixed synchronous hit of `matched_tokens`."""
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        extra_config = self._kv_transfer_config.kv_connector_extra_config
+        return max(extra_config["matched_tokens"] - num_computed_tokens, 0), False
+
+
+def multi_connector_config(*children: tuple[str, int]) -> KVTransferConfig:
+    """A MultiConnector over probe children given as (class name, hit)."""
+    return KVTransferConfig(
+        kv_connector="MultiConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={
+            "connectors": [
+                {
+                    "kv_connector": name,
+                    "kv_role": "kv_both",
+                    "kv_connector_module_path": __name__,
+                    "kv_connector_extra_config": {"matched_tokens": hit},
+                }
+                for name, hit in children
+            ]
+        },
+    )
+
+
+def make_prompt_request(
+    request_id: str, num_tokens: int, block_size: int, do_remote_prefill: bool
+) -> Request:
+    """A request over the shared prompt, as a P/D decode request or not."""
+    sampling_params = SamplingParams(max_tokens=4)
+    sampling_params.update_from_generation_config({}, 2)
+    request = Request(
+        request_id=request_id,
+        prompt_token_ids=[(7 * i) % 200 + 3 for i in range(num_tokens)],
+        sampling_params=sampling_params,
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(block_size, sha256),
+    )
+    if do_remote_prefill:
+        request.kv_transfer_params = {"do_remote_prefill": True}
+    return request
+
+
+def cache_prefix_without_recurrent_state(
+    manager: KVCacheManager, block_size: int
+) -> list[int]:
+    """Leave the decode instance's cache as P/D leaves it: the prefix's
+    full-attention blocks cached, no recurrent-state checkpoint inside it.
+    Returns the cached full-attention block ids."""
+    fill = make_prompt_request("earlier", CACHED_BLOCKS * block_size, block_size, False)
+    state_ids = set()
+    for _ in range(CACHED_BLOCKS):
+        manager.allocate_slots(fill, block_size)
+        fill.num_computed_tokens += block_size
+        # Align mode checkpoints the state in a new block at every boundary
+        # and drops the previous one from the request (it stays cached).
+        attention_ids, mamba_ids = manager.get_block_ids(fill.request_id)
+        state_ids.update(mamba_ids)
+    manager.free(fill)
+    manager.block_pool.evict_blocks(state_ids)
+    return list(attention_ids)
+
+
+def children(scheduler: Scheduler) -> tuple[RecordingHMAChild, ...]:
+    connector = scheduler.connector
+    assert connector is not None
+    return tuple(connector.sub_connectors)  # type: ignore[attr-defined]
+
+
+def test_decode_request_keeps_local_full_attention_prefix(
+    make_hybrid_scheduler: MakeScheduler, block_size: int
+) -> None:
+    """L prompt tokens, the first P cached locally for full attention only:
+    the decode request reuses those P tokens' blocks and pulls L - P (the
+    upstream common hit is 0, so it pulls L and allocates P again)."""
+    scheduler = make_hybrid_scheduler(
+        multi_connector_config(("PullChild", 0), ("StoreChild", 0))
+    )
+    cached_ids = cache_prefix_without_recurrent_state(
+        scheduler.kv_cache_manager, block_size
+    )
+    prompt_tokens = PROMPT_BLOCKS * block_size
+    local_tokens = CACHED_BLOCKS * block_size
+    request = make_prompt_request("decode", prompt_tokens, block_size, True)
+    scheduler.add_request(request)
+    scheduler.schedule()
+
+    pull, _ = children(scheduler)
+    attention_ids = scheduler.kv_cache_manager.get_block_ids("decode")[0]
+    reused = len(set(attention_ids) & set(cached_ids))
+    # Both counts in one comparison, so a failure reports both.
+    assert {
+        "pulled tokens": pull.allocated_external_tokens["decode"],
+        "cached prefix blocks reused": reused,
+    } == {
+        "pulled tokens": prompt_tokens - local_tokens,
+        "cached prefix blocks reused": CACHED_BLOCKS,
+    }
+
+
+def test_decode_request_loads_only_from_capable_child(
+    make_hybrid_scheduler: MakeScheduler, block_size: int
+) -> None:
+    """A store child listed first with a hit must not load a P/D decode
+    request: its tokens would come without the matching recurrent state.
+    The P/D child loads the request, as upstream's NixlConnector alone would."""
+    store_hit = 2 * block_size
+    scheduler = make_hybrid_scheduler(
+        multi_connector_config(("StoreChild", store_hit), ("PullChild", 0))
+    )
+    prompt_tokens = PROMPT_BLOCKS * block_size
+    request = make_prompt_request("decode", prompt_tokens, block_size, True)
+    scheduler.add_request(request)
+    scheduler.schedule()
+
+    store, pull = children(scheduler)
+    loaded = {
+        "store": store.allocated_external_tokens["decode"],
+        "pull": pull.allocated_external_tokens["decode"],
+    }
+    assert loaded == {"store": 0, "pull": prompt_tokens}
+
+
+def test_ordinary_request_keeps_the_common_hit(
+    make_hybrid_scheduler: MakeScheduler, block_size: int
+) -> None:
+    """Not a P/D decode request: the conservative common hit (0 here, the
+    recurrent group has no checkpoint) and the first child with a hit loads,
+    exactly as upstream."""
+    store_hit = 5 * block_size
+    scheduler = make_hybrid_scheduler(
+        multi_connector_config(("PullChild", 0), ("StoreChild", store_hit))
+    )
+    cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
+    request = make_prompt_request(
+        "plain", PROMPT_BLOCKS * block_size, block_size, False
+    )
+    scheduler.add_request(request)
+    output = scheduler.schedule()
+
+    pull, store = children(scheduler)
+    assert store.allocated_external_tokens["plain"] == store_hit
+    assert pull.allocated_external_tokens["plain"] == 0
+    # Nothing local (the common hit is 0), the store child's tokens on top.
+    assert output.scheduled_new_reqs[0].num_computed_tokens == store_hit
