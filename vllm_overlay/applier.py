@@ -13,6 +13,7 @@ import re
 import subprocess
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
@@ -52,15 +53,48 @@ def apply_series(
 
 
 def _apply_exactly(patch: Patch, root: Path, version: str, tree: str) -> None:
+    proc = git_apply(patch, root, tree)
+    where = f"{patch.name} does not apply exactly to vLLM {version}"
+    for problem in hunk_problems(patch, proc.stderr):
+        if problem.kind == "mismatch":
+            raise OverlayError(
+                f"{where}: {problem.file} hunk #{problem.hunk} (at line "
+                f"{problem.line}) does not match"
+            )
+        raise OverlayError(
+            f"{where}: {problem.file} hunk #{problem.hunk} only applies at line "
+            f"{problem.line} ({problem.kind}); refresh the patch"
+        )
+    if proc.returncode != 0:
+        raise OverlayError(f"{where}: {apply_error(proc.stderr)}")
+
+
+@dataclass(frozen=True)
+class HunkProblem:
+    """One hunk `git apply -v` did not place exactly where the patch says:
+    `kind` is "offset" or "fuzz" (placed elsewhere), or "mismatch" (not placed;
+    `line` is then where the patch expected it)."""
+
+    file: str
+    hunk: str
+    line: int
+    kind: str
+
+
+def git_apply(
+    patch: Patch, root: Path, tree: str, *options: str
+) -> subprocess.CompletedProcess[str]:
+    """Run `git apply --verbose` on the files under `tree` in `root`, which is
+    not a repository; `options` adds e.g. `--check` or `--reverse`."""
     env = dict(
         os.environ,
         # Never let git discover a repository above the scratch directory.
         GIT_CEILING_DIRECTORIES=str(root.parent),
         LC_ALL="C",
     )
-    proc = subprocess.run(
+    return subprocess.run(
         [
-            *("git", "apply", "--verbose", "--whitespace=nowarn"),
+            *("git", "apply", "--verbose", "--whitespace=nowarn", *options),
             f"--include={tree}*",
             str(patch.path),
         ],
@@ -70,29 +104,33 @@ def _apply_exactly(patch: Patch, root: Path, version: str, tree: str) -> None:
         env=env,
         check=False,
     )
-    where = f"{patch.name} does not apply exactly to vLLM {version}"
-    current = None
-    for line in proc.stderr.splitlines():
+
+
+def hunk_problems(patch: Patch, stderr: str) -> list[HunkProblem]:
+    """Every misplaced or failed hunk `git apply -v` reported, in order: the
+    zero-offset rule needs the former, naming a conflict needs the latter."""
+    problems = []
+    current = "?"
+    for line in stderr.splitlines():
         if match := _CHECKING.match(line):
             current = match.group(1)
         elif match := _OFFSET.match(line):
-            hunk = match.group(1)
-            raise OverlayError(
-                f"{where}: {current} hunk #{hunk} only applies at line "
-                f"{match.group(2)} ({match.group(3)}); refresh the patch"
+            problems.append(
+                HunkProblem(current, match.group(1), int(match.group(2)), match[3])
             )
         elif match := _FAILED.match(line):
             name, line_no = match.group(1), int(match.group(2))
             hunk = _hunk_number(patch, name, line_no)
-            raise OverlayError(
-                f"{where}: {name} hunk #{hunk} (at line {line_no}) does not match"
-            )
-    if proc.returncode != 0:
-        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-        reason = (errors or proc.stderr.strip().splitlines() or ["git apply failed"])[
-            -1
-        ]
-        raise OverlayError(f"{where}: {reason.removeprefix('error: ')}")
+            problems.append(HunkProblem(name, hunk, line_no, "mismatch"))
+    return problems
+
+
+def apply_error(stderr: str) -> str:
+    """The one-line reason of a failed `git apply` with no hunk to blame (a
+    missing file, a file that already exists)."""
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    reason = (errors or stderr.strip().splitlines() or ["git apply failed"])[-1]
+    return reason.removeprefix("error: ")
 
 
 def _hunk_number(patch: Patch, name: str, line_no: int) -> str:

@@ -9,6 +9,7 @@ from vllm_overlay.lint import lint
 from vllm_overlay.locations import patches_root
 from vllm_overlay.pins import DISTRIBUTIONS
 from vllm_overlay.release import build_release
+from vllm_overlay.status import format_json, format_table, status
 from vllm_overlay.table import TABLE_FILE, render_table
 
 
@@ -51,6 +52,12 @@ def _table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    rows = status(args.releases)
+    print(format_json(rows) if args.json else format_table(rows), end="")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-overlay",
@@ -87,6 +94,18 @@ def _parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help=f"fail if {TABLE_FILE} is out of date"
     )
     table.set_defaults(func=_table)
+    upstream = commands.add_parser(
+        "status",
+        help="how each patch of the nearest series fares against vLLM releases",
+    )
+    upstream.add_argument(
+        "releases",
+        nargs="*",
+        metavar="RELEASE",
+        help="vLLM releases, pinned or not (default: every pinned release)",
+    )
+    upstream.add_argument("--json", action="store_true", help="print JSON rows")
+    upstream.set_defaults(func=_status)
     return parser
 
 

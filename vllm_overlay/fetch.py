@@ -156,7 +156,7 @@ def _pip_download(
         )
     if proc.returncode == 0:
         return None
-    last = _last_error_line(output)
+    last = last_error_line(output)
     if any(hint in output for hint in _OFFLINE_HINTS):
         return (
             f"cannot download {requirement} and the cache has no copy "
@@ -165,7 +165,7 @@ def _pip_download(
     return f"pip could not download {requirement}: {last}"
 
 
-def _last_error_line(output: str) -> str:
+def last_error_line(output: str) -> str:
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("ERROR")]
     return (errors or lines or ["no output"])[-1]

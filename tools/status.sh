@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# How each patch fares against vLLM releases: tools/status.sh [RELEASE...] [--json]
+# (default: every pinned release; an unpinned release is downloaded unverified).
+set -euo pipefail
+source "$(dirname "$0")/venv.sh"
+cd "$repo_root"
+exec python -m vllm_overlay status "$@"

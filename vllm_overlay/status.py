@@ -1,0 +1,247 @@
+"""Where each patch stands against a vLLM release: `vllm-overlay status`.
+
+For a release (pinned, or any other published one) this checks every patch of
+the nearest series against the release's own files, with the earlier patches
+applied where they applied, and gives each patch one verdict:
+
+- "applies exactly": `git apply` places every hunk where the patch says;
+- "applies only with offset": every hunk applies, but some only some lines
+  away; the build refuses that (see `applier.py`), so the patch needs a refresh;
+- "already present": the patch reverse-applies, so upstream has the change;
+- "conflicts": a hunk's context no longer matches; the detail names the file
+  and the hunk (the first failing hunk of each file, as `git apply` stops a
+  file there).
+
+Why "applies only with offset" and not "applies only 3-way": `git apply
+--3way` merges from the preimage blobs named by the patch's `index` lines,
+i.e. the files of the commit the patch was written against. A repository built
+from a release wheel holds only that release's files, so the blobs are missing
+whenever the files differ, which is exactly when a 3-way merge would matter;
+git then falls back to a plain apply. The honest middle verdict available
+without the patch's base commit is "applies, but not where the patch says".
+
+Only hunks under `vllm/` are checked: those files come from the wheel. The
+hunks that update upstream's tests need the sdist, which this does not fetch.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from vllm_overlay.applier import apply_error, git_apply, hunk_problems
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.fetch import fetch_wheel, last_error_line
+from vllm_overlay.locations import cache_root, patches_root
+from vllm_overlay.locking import exclusive
+from vllm_overlay.pins import ReleasePin
+from vllm_overlay.release import pinned_releases
+from vllm_overlay.series import PACKAGE_DIR, Patch, Series, load_series
+
+EXACT = "applies exactly"
+OFFSET = "applies only with offset"
+PRESENT = "already present"
+CONFLICT = "conflicts"
+_COLUMNS = ("release", "series", "patch", "verdict", "detail")
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    """One patch of a series against one release: a row of the table."""
+
+    release: str
+    pinned: bool
+    series: str
+    patch: str
+    verdict: str
+    detail: str
+
+
+def status(
+    versions: list[str], root: Path | None = None, cache: Path | None = None
+) -> list[PatchStatus]:
+    """The verdict of every patch of the nearest series for each release in
+    `versions` (every pinned release when empty)."""
+    root = root or patches_root()
+    cache = cache or cache_root()
+    pins = pinned_releases(root)
+    wanted = [_normalise(v) for v in versions] or sorted(pins, key=Version)
+    rows: list[PatchStatus] = []
+    for asked in wanted:
+        pin = _pinned(pins, asked)
+        version = pin.version if pin else asked
+        series = load_series(root, nearest_release(pins, version))
+        print(
+            f"vllm-overlay: checking vLLM {version} against the "
+            f"{series.release.version} series",
+            file=sys.stderr,
+        )
+        wheel = _release_wheel(pin, version, cache)
+        rows.extend(check_release(series, version, pin is not None, wheel))
+    return rows
+
+
+def _normalise(version: str) -> str:
+    """`v0.33.0` or `0.33.0` -> `0.33.0`; anything else is refused before any
+    download, so a typo costs no network round trip."""
+    version = version.removeprefix("v")
+    try:
+        Version(version)
+    except InvalidVersion:
+        raise OverlayError(f"{version!r} is not a version number") from None
+    return version
+
+
+def _pinned(pins: dict[str, ReleasePin], version: str) -> ReleasePin | None:
+    """The pin of `version` compared as a version, so `0.33` finds `0.33.0`
+    instead of downloading the same release unverified."""
+    return next((p for v, p in pins.items() if Version(v) == Version(version)), None)
+
+
+def nearest_release(pins: dict[str, ReleasePin], version: str) -> ReleasePin:
+    """The pinned release whose series best fits `version`: the greatest one
+    not after it (upstream changes accumulate, so the newest older series is
+    closest), else the oldest pinned one."""
+    ordered = sorted(pins, key=Version)
+    older = [v for v in ordered if Version(v) <= Version(version)]
+    return pins[older[-1] if older else ordered[0]]
+
+
+def _release_wheel(pin: ReleasePin | None, version: str, cache: Path) -> Path:
+    """A `vllm` wheel of the release: the pinned, sha256-verified one when the
+    release is pinned, else whatever the index serves (nothing to verify)."""
+    if pin is None:
+        return download_unpinned(version, cache)
+    return fetch_wheel(pin, pin.wheel_for("vllm"), cache)
+
+
+def download_unpinned(version: str, cache: Path) -> Path:
+    """The `vllm` wheel of an unpinned release, cached under `unpinned/`.
+
+    No sha256 is pinned for it, so the output calls the release "unpinned";
+    the wheel is only read, never built from.
+    """
+    target = cache / "unpinned" / f"vllm-{version}"
+    with exclusive(cache / "unpinned"):
+        cached = sorted(target.glob("*.whl"))
+        if cached:
+            return cached[0]
+        print(
+            f"vllm-overlay: downloading vllm=={version} (unpinned: no sha256 to check)",
+            file=sys.stderr,
+        )
+        with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
+            wheel = _pip_download_wheel(version, Path(tmp))
+            target.mkdir(parents=True, exist_ok=True)
+            return Path(shutil.move(wheel, target / wheel.name))
+
+
+def _pip_download_wheel(version: str, directory: Path) -> Path:
+    """Download the one `vllm==version` wheel pip picks for this platform."""
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "download", "--no-deps"),
+            *("--only-binary", ":all:", "--progress-bar", "off"),
+            *("-d", str(directory), f"vllm=={version}"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    wheels = sorted(directory.glob("vllm-*.whl"))
+    if proc.returncode != 0 or len(wheels) != 1:
+        reason = last_error_line(proc.stdout + proc.stderr)
+        raise OverlayError(
+            f"cannot download vllm=={version}; is it a published release, and is "
+            f"the package index reachable? ({reason})"
+        )
+    return wheels[0]
+
+
+def check_release(
+    series: Series, version: str, pinned: bool, wheel: Path
+) -> list[PatchStatus]:
+    """Each patch's verdict against the release's files, applying the patches
+    that apply (exactly or with offset) so later patches see their changes, as
+    they will in a refreshed series."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-status-") as scratch:
+        root = Path(scratch) / "tree"
+        _unpack(wheel, series.touched_files, root)
+        for patch in series.patches:
+            verdict, detail = judge(patch, root)
+            if verdict in (EXACT, OFFSET):
+                git_apply(patch, root, PACKAGE_DIR)
+            rows.append(
+                PatchStatus(
+                    version, pinned, series.release.version, patch.name, verdict, detail
+                )
+            )
+    return rows
+
+
+def _unpack(wheel: Path, files: tuple[str, ...], root: Path) -> None:
+    """Write the wheel's copies of `files` under `root`; a file the wheel lacks
+    is left out, as the patch that creates it expects."""
+    root.mkdir(parents=True)
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            present = set(archive.namelist())
+            for name in files:
+                if name in present:
+                    target = root / name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(archive.read(name))
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise OverlayError(f"{wheel}: not a readable wheel ({exc})") from None
+
+
+def judge(patch: Patch, root: Path) -> tuple[str, str]:
+    """The verdict and its detail for one patch against the files in `root`."""
+    forward = git_apply(patch, root, PACKAGE_DIR, "--check")
+    problems = hunk_problems(patch, forward.stderr)
+    if forward.returncode == 0:
+        if not problems:
+            return EXACT, ""
+        return OFFSET, "; ".join(
+            f"{p.file} hunk #{p.hunk} at line {p.line} ({p.kind})" for p in problems
+        )
+    if git_apply(patch, root, PACKAGE_DIR, "--check", "--reverse").returncode == 0:
+        return PRESENT, "reverse-applies"
+    failed = [p for p in problems if p.kind == "mismatch"]
+    if not failed:
+        return CONFLICT, apply_error(forward.stderr)
+    return CONFLICT, "; ".join(
+        f"{p.file} hunk #{p.hunk} (at line {p.line}) does not match" for p in failed
+    )
+
+
+def format_table(rows: list[PatchStatus]) -> str:
+    """A plain-text table, one row per release x patch."""
+    cells = [_COLUMNS] + [
+        (
+            row.release if row.pinned else f"{row.release} (unpinned)",
+            row.series,
+            row.patch,
+            row.verdict,
+            row.detail,
+        )
+        for row in rows
+    ]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(_COLUMNS))]
+    return "".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        + "\n"
+        for line in cells
+    )
+
+
+def format_json(rows: list[PatchStatus]) -> str:
+    """The rows as a JSON list of objects, for scripts and CI."""
+    return json.dumps([asdict(row) for row in rows], indent=2) + "\n"
