@@ -1,11 +1,12 @@
 """The whole test suite, as `tools/test.sh` runs it.
 
 1. Static checks and the tooling tests (seconds, no vLLM needed).
-2. Per pinned release: build the patched wheel, bring the release's cached
-   environment up to date, run upstream vLLM's own tests (with the series'
-   updates to them) against it, then `tests/probes` on the patched build
-   (every test must pass) and the series' probes on the unpatched sources
-   (each must fail; see `vllm_overlay.testing.unpatched`).
+2. Per pinned release: build the patched wheel, check that the series is
+   exactly what `vllm-overlay refresh` writes (`refresh --check`), bring the
+   release's cached environment up to date, run upstream vLLM's own tests
+   (with the series' updates to them) against it, then `tests/probes` on the
+   patched build (every test must pass) and the series' probes on the
+   unpatched sources (each must fail; see `vllm_overlay.testing.unpatched`).
 
 A summary per release closes the run; the exit status is non-zero if any step
 failed. Steps of one release go on after a failure of another release, so one
@@ -32,8 +33,9 @@ from ci.upstream_tests import (
     test_environment,
 )
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.fetch import fetch_sdist_tree
-from vllm_overlay.locations import REPO_ROOT, cache_root
+from vllm_overlay.export import check_round_trip
+from vllm_overlay.fetch import fetch_sdist_tree, fetch_wheel
+from vllm_overlay.locations import REPO_ROOT, cache_root, patches_root
 from vllm_overlay.release import build_release, pinned_releases, release_series
 from vllm_overlay.series import Series
 
@@ -172,6 +174,21 @@ def run_probes(
     return run(command, cwd=REPO_ROOT, env=full_env)
 
 
+def refresh_round_trip(series: Series, sdist: Path, cache: Path) -> bool:
+    """`vllm-overlay refresh --check` on the inputs the run already fetched:
+    True when the series is exactly what a refresh of itself writes."""
+    wheel = series.release.wheel_for(test_dist(series))
+    source = fetch_wheel(series.release, wheel, cache)
+    try:
+        differ = check_round_trip(series, source, sdist, patches_root())
+    except OverlayError as exc:
+        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
+        return False
+    for name in differ:
+        print(f"refresh --check: {name} differs from what refresh writes")
+    return not differ
+
+
 def test_release(version: str, cache: Path, reports: Path) -> Outcome:
     started = time.monotonic()
     outcome = Outcome(version)
@@ -179,6 +196,8 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
     outcome.dist = test_dist(series)
     wheel = build_release(version, outcome.dist, cache / "patched" / version)
     sdist = fetch_sdist_tree(series.release, cache)
+    if not refresh_round_trip(series, sdist, cache):
+        outcome.failures.append("refresh --check")
     venv = ensure_release_env(version, wheel, sdist, cache)
     tests_dir = prepare_upstream_tests(
         version, sdist, cache / "upstream-tests" / version

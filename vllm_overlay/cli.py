@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.export import refresh, refresh_check
 from vllm_overlay.lint import lint
 from vllm_overlay.locations import patches_root
 from vllm_overlay.pins import DISTRIBUTIONS
@@ -53,8 +54,30 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    rows = status(args.releases)
-    print(format_json(rows) if args.json else format_table(rows), end="")
+    rows = status(args.releases, probe=args.probe)
+    formatted = format_json if args.json else format_table
+    print(formatted(rows, probe=args.probe), end="")
+    return 0
+
+
+def _refresh(args: argparse.Namespace) -> int:
+    if args.check:
+        differ = refresh_check(args.release)
+        for name in differ:
+            print(f"differs from what refresh writes: {name}", file=sys.stderr)
+        if differ:
+            print(
+                f"vllm-overlay: error: the {args.release} series is not what "
+                "`vllm-overlay refresh` writes",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"vllm-overlay refresh: the {args.release} series round-trips exactly")
+        return 0
+    if args.repo is None or args.base is None:
+        raise OverlayError("refresh needs --repo PATH and --base REF, or --check")
+    directory, changed = refresh(args.release, args.repo, args.base)
+    print(f"wrote {directory} ({', '.join(changed) or 'no changes'})")
     return 0
 
 
@@ -105,7 +128,29 @@ def _parser() -> argparse.ArgumentParser:
         help="vLLM releases, pinned or not (default: every pinned release)",
     )
     upstream.add_argument("--json", action="store_true", help="print JSON rows")
+    upstream.add_argument(
+        "--probe",
+        action="store_true",
+        help="also run each patch's probes on the unpatched release, in its "
+        "cached test environment (still needed / upstream-equivalent)",
+    )
     upstream.set_defaults(func=_status)
+    refresh_cmd = commands.add_parser(
+        "refresh", help="re-export a release's series from a patched git tree"
+    )
+    refresh_cmd.add_argument("release", help="pinned vLLM release")
+    refresh_cmd.add_argument(
+        "--repo",
+        type=Path,
+        help="git work tree: upstream files plus one commit a patch",
+    )
+    refresh_cmd.add_argument("--base", help="the commit of the pristine files")
+    refresh_cmd.add_argument(
+        "--check",
+        action="store_true",
+        help="fail if the series is not what a refresh of itself writes",
+    )
+    refresh_cmd.set_defaults(func=_refresh)
     return parser
 
 

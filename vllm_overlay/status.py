@@ -22,6 +22,10 @@ without the patch's base commit is "applies, but not where the patch says".
 
 Only hunks under `vllm/` are checked: those files come from the wheel. The
 hunks that update upstream's tests need the sdist, which this does not fetch.
+
+With `probe=True` each row also gets the verdict of the patch's probes on the
+unpatched release (see `probing.py`): whether the patch is still needed even
+where its text no longer applies, or upstream fixed it another way.
 """
 
 import json
@@ -30,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -41,6 +45,7 @@ from vllm_overlay.fetch import fetch_wheel, last_error_line
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.locking import exclusive
 from vllm_overlay.pins import ReleasePin
+from vllm_overlay.probing import probe_verdicts
 from vllm_overlay.release import pinned_releases
 from vllm_overlay.series import PACKAGE_DIR, Patch, Series, load_series
 
@@ -61,13 +66,18 @@ class PatchStatus:
     patch: str
     verdict: str
     detail: str
+    probe: str | None = None
 
 
 def status(
-    versions: list[str], root: Path | None = None, cache: Path | None = None
+    versions: list[str],
+    root: Path | None = None,
+    cache: Path | None = None,
+    probe: bool = False,
 ) -> list[PatchStatus]:
     """The verdict of every patch of the nearest series for each release in
-    `versions` (every pinned release when empty)."""
+    `versions` (every pinned release when empty), with the probe verdict on
+    the unpatched release when `probe` is set."""
     root = root or patches_root()
     cache = cache or cache_root()
     pins = pinned_releases(root)
@@ -83,7 +93,11 @@ def status(
             file=sys.stderr,
         )
         wheel = _release_wheel(pin, version, cache)
-        rows.extend(check_release(series, version, pin is not None, wheel))
+        checked = check_release(series, version, pin is not None, wheel)
+        if probe:
+            verdicts = probe_verdicts(series, version, root.parent, cache)
+            checked = [replace(row, probe=verdicts[row.patch]) for row in checked]
+        rows.extend(checked)
     return rows
 
 
@@ -222,19 +236,22 @@ def judge(patch: Patch, root: Path) -> tuple[str, str]:
     )
 
 
-def format_table(rows: list[PatchStatus]) -> str:
-    """A plain-text table, one row per release x patch."""
-    cells = [_COLUMNS] + [
+def format_table(rows: list[PatchStatus], probe: bool = False) -> str:
+    """A plain-text table, one row per release x patch; the `probe` column
+    comes before `detail`, whose conflict details are the long cells."""
+    columns = (*_COLUMNS[:-1], "probe", _COLUMNS[-1]) if probe else _COLUMNS
+    cells = [columns] + [
         (
             row.release if row.pinned else f"{row.release} (unpinned)",
             row.series,
             row.patch,
             row.verdict,
+            *((row.probe or "",) if probe else ()),
             row.detail,
         )
         for row in rows
     ]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(_COLUMNS))]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     return "".join(
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
         + "\n"
@@ -242,6 +259,11 @@ def format_table(rows: list[PatchStatus]) -> str:
     )
 
 
-def format_json(rows: list[PatchStatus]) -> str:
-    """The rows as a JSON list of objects, for scripts and CI."""
-    return json.dumps([asdict(row) for row in rows], indent=2) + "\n"
+def format_json(rows: list[PatchStatus], probe: bool = False) -> str:
+    """The rows as a JSON list of objects, for scripts and CI; the `probe`
+    field only when asked for, so the shape without `--probe` stays as it was."""
+    objects = [asdict(row) for row in rows]
+    if not probe:
+        for obj in objects:
+            del obj["probe"]
+    return json.dumps(objects, indent=2) + "\n"

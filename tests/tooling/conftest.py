@@ -158,7 +158,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
     """A project with one pinned release, one wheel in the cache, one patch."""
     proj = Project(tmp_path / "repo", tmp_path / "cache", tmp_path / "work")
     proj.series_dir.mkdir(parents=True)
-    (proj.series_dir / "series").write_text("# test series\n")
+    (proj.series_dir / "series").write_text(
+        f"# Patch series over vLLM {RELEASE}, applied in this order.\n"
+    )
     probes = proj.root / "tests" / "probes"
     probes.mkdir(parents=True)
     (probes / "test_demo.py").write_text("def test_demo():\n    assert True\n")

@@ -1,8 +1,11 @@
 """`vllm-overlay status`: each patch's verdict against pinned and unpinned
-releases, from synthetic wheels; the download of an unpinned release is faked."""
+releases, from synthetic wheels; the download of an unpinned release is faked.
+`--probe` runs in a fake release environment: a `python` script that puts a
+synthetic installed `vllm` on the path of this interpreter."""
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,11 +16,14 @@ from conftest import (
     format_patch,
     make_wheel,
     scheduler_edit,
+    sha256_file,
 )
 
 from vllm_overlay import status as status_module
 from vllm_overlay.cli import main
 from vllm_overlay.pins import Artifact, ReleasePin
+from vllm_overlay.probing import probe_outcomes, probe_verdict
+from vllm_overlay.wheelbuild import MANIFEST_FORMAT, MANIFEST_PATH
 
 PATCHED = scheduler_edit(20, "line twenty, patched")
 
@@ -152,3 +158,103 @@ def test_nearest_series_is_the_greatest_pinned_release_not_after():
     assert nearest(pins, "0.40.0").version == "0.33.0"
     assert nearest(pins, "0.33.0rc1").version == "0.32.0"
     assert nearest(pins, "0.10.0").version == "0.31.0"
+
+
+DEMO_PROBE = """
+import importlib.util
+from pathlib import Path
+
+def test_demo():
+    spec = importlib.util.find_spec("vllm.v1.core.sched.scheduler")
+    assert "line twenty, patched" in Path(spec.origin).read_text()
+"""
+
+
+def fake_release_env(project, tmp_path: Path, release: str = "9.9.0") -> None:
+    """`envs/9.9.0/bin/python` running this interpreter with a patched `vllm`
+    installed: the scheduler as the series ships it and the series manifest
+    naming the pinned source wheel."""
+    site = tmp_path / "site"
+    (site / "vllm" / "v1" / "core" / "sched").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    (site / SCHEDULER).write_text(PATCHED)
+    source = next((project.cache / "wheels").glob("vllm-*.whl"))
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "release": release,
+        "source": {"filename": source.name, "sha256": sha256_file(source)},
+        "patches": [{"name": "scheduler-demo.patch", "files": [SCHEDULER]}],
+    }
+    (site / MANIFEST_PATH).write_text(json.dumps(manifest))
+    python = project.cache / "envs" / "9.9.0" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(
+        f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{site}" exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    (project.root / "tests" / "probes" / "test_demo.py").write_text(DEMO_PROBE)
+
+
+def test_probe_fails_on_the_unpatched_release(project, tmp_path, capsys):
+    fake_release_env(project, tmp_path)
+    code, out, err = run(capsys, "status", "--probe")
+    assert code == 0, err
+    header, row = out.splitlines()
+    assert header.split()[3:] == ["verdict", "probe", "detail"]
+    assert row.endswith("applies exactly  still needed")
+    assert "running 1 probes for vLLM 9.9.0" in err
+
+
+def test_environment_of_another_release_is_no_environment(project, tmp_path, capsys):
+    fake_release_env(project, tmp_path, release="9.8.0")
+    (row,) = verdicts(capsys, "--probe")
+    assert row["probe"] == "no environment (run tools/test.sh 9.9.0)"
+
+
+def test_without_environment_the_probe_is_not_run(project, capsys):
+    code, out, err = run(capsys, "status", "--probe", "--json")
+    assert code == 0, err
+    (row,) = json.loads(out)
+    assert row["probe"] == "no environment (run tools/test.sh 9.9.0)"
+    assert "running" not in err
+
+
+PROBES = ("tests/probes/test_a.py::test_a", "tests/probes/test_b.py::test_b")
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "verdict"),
+    [
+        (("failed", "failed"), "still needed"),
+        (("passed", "passed"), "upstream-equivalent"),
+        (("failed", "passed"), "mixed: passes: test_b.py::test_b"),
+        (("failed", "error"), "inconclusive: test_b.py::test_b error"),
+    ],
+)
+def test_probe_verdict(outcomes, verdict):
+    assert probe_verdict(PROBES, dict(zip(PROBES, outcomes, strict=True))) == verdict
+
+
+def test_probe_outcomes_from_junit(tmp_path):
+    report = tmp_path / "report.xml"
+    report.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="tests.probes.test_a.TestA" name="test_a[x]"/>'
+        '<testcase classname="tests.probes.test_a.TestA" name="test_a[y]">'
+        "<failure/></testcase>"
+        '<testcase classname="tests.probes.test_b" name="test_b"><failure/></testcase>'
+        '<testcase classname="tests.probes.test_b" name="test_c"><error/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    probes = [
+        "tests/probes/test_a.py::TestA::test_a",
+        "tests/probes/test_b.py::test_b",
+        "tests/probes/test_b.py::test_c",
+        "tests/probes/test_b.py::test_d",
+    ]
+    assert probe_outcomes(probes, report) == {
+        probes[0]: "mixed cases",
+        probes[1]: "failed",
+        probes[2]: "error",
+        probes[3]: "not run",
+    }

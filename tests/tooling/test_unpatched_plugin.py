@@ -1,4 +1,5 @@
-"""The plugin that proves probes fail without their patches."""
+"""The plugins that serve the unpatched sources: `pristine` (raw verdicts) and
+`unpatched` (inverted, to prove probes fail without their patches)."""
 
 import json
 import zipfile
@@ -52,6 +53,12 @@ def test_verdicts_are_inverted_on_the_unpatched_sources(pytester, installed):
             "*test_weak_probe passes on unpatched vLLM 9.9.0: the probe does not*",
         ]
     )
+
+
+def test_pristine_keeps_the_raw_verdicts(pytester, installed):
+    result = pytester.runpytest_subprocess("-p", "vllm_overlay.testing.pristine")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*FAILED*test_sees_the_patch*"])
 
 
 def test_without_the_plugin_the_patched_module_is_seen(pytester, installed):

@@ -24,7 +24,7 @@ from vllm_overlay.applier import apply_series
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.manifest import read_installed_manifest
 from vllm_overlay.release import release_series
-from vllm_overlay.testing.unpatched import installed_touched_files, pristine_sources
+from vllm_overlay.testing.pristine import installed_touched_files, pristine_sources
 
 _SCRATCH = pytest.StashKey[tempfile.TemporaryDirectory[str]]()
 _SERIES = pytest.StashKey[str]()

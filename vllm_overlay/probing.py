@@ -1,0 +1,168 @@
+"""`vllm-overlay status --probe`: each patch's probes on the *unpatched*
+release, in the release's cached test environment.
+
+A patch is still needed as long as its probes fail without it; once they pass
+on upstream's own files, upstream has an equivalent change even if the patch
+text no longer says so (a rewrite rather than a verbatim merge). The harness
+keeps one environment per pinned release (`cache_root()/envs/<release>`) with
+a patched build installed; the pytest plugin `vllm_overlay.testing.pristine`
+serves the pristine upstream files in place of the patched ones, and the raw
+verdict of each probe is read from a JUnit report.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from pathlib import Path
+
+from vllm_overlay.fetch import last_error_line
+from vllm_overlay.locations import REPO_ROOT
+from vllm_overlay.series import Series
+
+STILL_NEEDED = "still needed"
+EQUIVALENT = "upstream-equivalent"
+PASSED, FAILED = "passed", "failed"
+PRISTINE_PLUGIN = "vllm_overlay.testing.pristine"
+
+_INSTALLED_RELEASE = (
+    "from vllm_overlay.manifest import read_installed_manifest\n"
+    "print((read_installed_manifest() or {}).get('release', ''))\n"
+)
+
+
+def no_environment(release: str) -> str:
+    return f"no environment (run tools/test.sh {release})"
+
+
+def env_python(release: str, cache: Path) -> Path | None:
+    """The python of the release's cached test environment, if it holds a
+    patched build of that very release (an environment left from another
+    release, or a half-built one, would give verdicts about the wrong files)."""
+    python = cache / "envs" / release / "bin" / "python"
+    if not python.is_file():
+        return None
+    proc = subprocess.run(
+        [str(python), "-c", _INSTALLED_RELEASE],
+        capture_output=True,
+        text=True,
+        env=_probe_env(),
+        check=False,
+    )
+    return python if proc.stdout.strip() == release else None
+
+
+def _probe_env() -> dict[str, str]:
+    """The inherited environment, importing vllm_overlay from this checkout
+    (the release environment lacks it) and never reaching the hub."""
+    return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
+
+
+def run_pristine(probes: list[str], python: Path, repo: Path) -> dict[str, str]:
+    """Run `probes` in one pytest process on the pristine sources and return
+    each probe's outcome: "passed", "failed", or what kept it from a verdict."""
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-probe-") as scratch:
+        report = Path(scratch) / "probes.xml"
+        command = [str(python), "-m", "pytest", "-p", "no:cacheprovider"]
+        command += ["-p", PRISTINE_PLUGIN, "-q", "--tb=no"]
+        command += ["--junit-xml", str(report), *probes]
+        proc = subprocess.run(
+            command,
+            cwd=repo,
+            env=_probe_env(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if not report.is_file():
+            reason = last_error_line(proc.stdout + proc.stderr)
+            return dict.fromkeys(probes, f"not run ({reason})")
+        return probe_outcomes(probes, report)
+
+
+def probe_outcomes(probes: Iterable[str], report: Path) -> dict[str, str]:
+    """Each probe id's outcome in a JUnit report; a parametrised probe passes
+    (fails) only if every case does."""
+    cases = [_case_outcome(case) for case in ET.parse(report).iter("testcase")]
+    outcomes = {}
+    for probe in probes:
+        address = _junit_address(probe)
+        found = {o for where, o in cases if _belongs(where, address)}
+        outcomes[probe] = found.pop() if len(found) == 1 else _combined(found)
+    return outcomes
+
+
+def _junit_address(node_id: str) -> tuple[str, str]:
+    """A node id as JUnit's (classname, name): `tests/x.py::C::t` ->
+    (`tests.x.C`, `t`), the way pytest's junitxml writes it."""
+    path, *names = node_id.split("::")
+    parts = [path.removesuffix(".py").replace("/", "."), *names]
+    return ".".join(parts[:-1]), parts[-1]
+
+
+def _belongs(case: tuple[str, str], probe: tuple[str, str]) -> bool:
+    return case[0] == probe[0] and (
+        case[1] == probe[1] or case[1].startswith(probe[1] + "[")
+    )
+
+
+def _case_outcome(case: ET.Element) -> tuple[tuple[str, str], str]:
+    """A test case's address and outcome; a setup error or a skip proves
+    nothing either way, so it is neither "passed" nor "failed"."""
+    address = (case.get("classname", ""), case.get("name", ""))
+    for tag in ("error", "skipped"):
+        if case.find(tag) is not None:
+            return address, tag
+    return address, FAILED if case.find("failure") is not None else PASSED
+
+
+def _combined(found: set[str]) -> str:
+    """The outcome of a probe whose cases did not all end alike (or that has
+    no case in the report: its id names no test, or collection failed)."""
+    if not found:
+        return "not run"
+    return "error" if "error" in found else "mixed cases"
+
+
+def probe_verdict(probes: Iterable[str], outcomes: dict[str, str]) -> str:
+    """One patch's verdict from its probes' outcomes on the unpatched release:
+    every probe failing means the patch is still needed, every one passing
+    that upstream has an equivalent; a probe without a verdict (an error, a
+    skip) makes the whole verdict inconclusive, since it proves nothing."""
+    results = {probe: outcomes.get(probe, "not run") for probe in probes}
+    if all(r == FAILED for r in results.values()):
+        return STILL_NEEDED
+    if all(r == PASSED for r in results.values()):
+        return EQUIVALENT
+    odd = [f"{_short(p)} {r}" for p, r in results.items() if r not in (PASSED, FAILED)]
+    if odd:
+        return "inconclusive: " + ", ".join(odd)
+    passed = [_short(p) for p, r in results.items() if r == PASSED]
+    return "mixed: passes: " + ", ".join(passed)
+
+
+def _short(probe: str) -> str:
+    """`tests/probes/test_x.py::test_y` -> `test_x.py::test_y`."""
+    return probe.rsplit("/", 1)[-1]
+
+
+def probe_verdicts(
+    series: Series, release: str, repo: Path, cache: Path
+) -> dict[str, str]:
+    """Patch name -> probe verdict for every patch of `series` on `release`,
+    running all the series' probes in one pytest process."""
+    python = env_python(release, cache)
+    if python is None:
+        return {patch.name: no_environment(release) for patch in series.patches}
+    probes = sorted({probe for patch in series.patches for probe in patch.probes})
+    print(
+        f"vllm-overlay: running {len(probes)} probes for vLLM {release} "
+        "on its unpatched sources ...",
+        file=sys.stderr,
+    )
+    outcomes = run_pristine(probes, python, repo)
+    return {
+        patch.name: probe_verdict(patch.probes, outcomes) for patch in series.patches
+    }
