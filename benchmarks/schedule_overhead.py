@@ -36,7 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_overlay import source_overlay
 from vllm_overlay.locations import REPO_ROOT, cache_root
+from vllm_overlay.manifest import read_installed_manifest
+from vllm_overlay.release import release_series
+from vllm_overlay.testing.pristine import installed_touched_files, pristine_sources
+from vllm_overlay.testing.worktree import worktree_sources
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 4096
@@ -48,12 +53,6 @@ WORKLOADS = ("same", "pd")
 
 def install_overlay(arm: str, scratch: Path) -> None:
     """Serve the patched (`series`) or pristine (`upstream`) sources."""
-    from vllm_overlay import source_overlay
-    from vllm_overlay.manifest import read_installed_manifest
-    from vllm_overlay.release import release_series
-    from vllm_overlay.testing.unpatched import installed_touched_files, pristine_sources
-    from vllm_overlay.testing.worktree import worktree_sources
-
     manifest = read_installed_manifest()
     if manifest is None:
         sys.exit("the release environment has no vllm-overlay build installed")
@@ -299,6 +298,9 @@ def run_arm(python: Path, arm: str, steps: int, workload: str) -> list[float]:
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "BENCH_ARM": arm,
+        # The same string hashes in both arms, so dict and set layouts (and
+        # their timings) do not differ between the processes by chance.
+        "PYTHONHASHSEED": "0",
     }
     command = [str(python), "-m", MODULE, "--worker", arm, "--steps", str(steps)]
     command += ["--workload", workload]

@@ -1,0 +1,13 @@
+"""The benchmarks are not run by the suite (their numbers need a quiet
+machine), but they must keep importing what the package provides."""
+
+import importlib
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    "module", ["benchmarks.wheel_build", "benchmarks.schedule_overhead"]
+)
+def test_benchmark_imports(module):
+    assert callable(importlib.import_module(module).main)
