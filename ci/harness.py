@@ -125,10 +125,6 @@ def junit_counts(report: Path) -> Counts:
     return total
 
 
-def probe_ids(series: Series) -> list[str]:
-    return sorted({probe for patch in series.patches for probe in patch.probes})
-
-
 INSTALLED_CHECK = """
 import importlib.metadata, json, sys
 import vllm
@@ -215,7 +211,7 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
         outcome.failures.append("upstream tests")
     outcome.upstream = junit_counts(upstream_report)
 
-    probes = probe_ids(series)
+    probes = series.probe_ids
     if probes:
         # Patched: every test under tests/probes must pass, the probes and the
         # tests beside them that pin behaviour the patches must keep.

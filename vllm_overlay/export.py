@@ -19,12 +19,11 @@ import re
 import shutil
 import subprocess
 import tempfile
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.fetch import fetch_sdist_tree, fetch_wheel
+from vllm_overlay.fetch import fetch_sdist_tree, fetch_wheel, wheel_members
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.pins import resolve_release
 from vllm_overlay.release import pinned_releases, release_series
@@ -267,12 +266,7 @@ def pristine_files(
     """The upstream bytes of every file the series touches that exists
     upstream: `vllm/` from the pinned wheel, `tests/` from the sdist tree
     (needed only when the series touches `tests/`)."""
-    originals = {}
-    with zipfile.ZipFile(wheel) as archive:
-        members = set(archive.namelist())
-        for name in series.touched_files:
-            if name in members:
-                originals[name] = archive.read(name)
+    originals = wheel_members(wheel, series.touched_files)
     for name in series.upstream_test_files:
         if sdist_tree is None:
             raise OverlayError(f"{series.release.version}: {name} needs the sdist")

@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
@@ -36,6 +38,17 @@ def sha256_of(path: Path) -> str:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def wheel_members(wheel: Path, names: Iterable[str]) -> dict[str, bytes]:
+    """The bytes of those of `names` the wheel holds (a file a patch creates
+    is absent upstream); a wheel that cannot be read is an `OverlayError`."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            present = set(archive.namelist())
+            return {name: archive.read(name) for name in names if name in present}
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise OverlayError(f"{wheel}: not a readable wheel ({exc})") from None
 
 
 def fetch_wheel(release: ReleasePin, wheel: WheelPin, cache: Path) -> Path:

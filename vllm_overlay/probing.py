@@ -156,7 +156,7 @@ def probe_verdicts(
     python = env_python(release, cache)
     if python is None:
         return {patch.name: no_environment(release) for patch in series.patches}
-    probes = sorted({probe for patch in series.patches for probe in patch.probes})
+    probes = series.probe_ids
     print(
         f"vllm-overlay: running {len(probes)} probes for vLLM {release} "
         "on its unpatched sources ...",

@@ -114,6 +114,12 @@ class Series:
         release's test tree."""
         return self._files_under(TESTS_DIR)
 
+    @property
+    def probe_ids(self) -> list[str]:
+        """Every probe of the series, once each, sorted: what one pytest run
+        over the whole series is given."""
+        return sorted({probe for patch in self.patches for probe in patch.probes})
+
     def _files_under(self, top: str) -> tuple[str, ...]:
         seen: dict[str, None] = {}
         for patch in self.patches:

@@ -33,7 +33,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.applier import apply_error, git_apply, hunk_problems
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.fetch import fetch_wheel, last_error_line
+from vllm_overlay.fetch import fetch_wheel, last_error_line, wheel_members
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.locking import exclusive
 from vllm_overlay.pins import ReleasePin
@@ -204,16 +203,10 @@ def _unpack(wheel: Path, files: tuple[str, ...], root: Path) -> None:
     """Write the wheel's copies of `files` under `root`; a file the wheel lacks
     is left out, as the patch that creates it expects."""
     root.mkdir(parents=True)
-    try:
-        with zipfile.ZipFile(wheel) as archive:
-            present = set(archive.namelist())
-            for name in files:
-                if name in present:
-                    target = root / name
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(archive.read(name))
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise OverlayError(f"{wheel}: not a readable wheel ({exc})") from None
+    for name, content in wheel_members(wheel, files).items():
+        target = root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
 
 
 def judge(patch: Patch, root: Path) -> tuple[str, str]:

@@ -18,11 +18,16 @@ The connector is the real one; its LMCache adapter is `lmcache_fake_adapter`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Protocol
 
 import pytest
 import torch
+from conftest import (
+    BLOCK_SIZE,
+    NUM_GPU_BLOCKS,
+    MakeRequest,
+    MakeVllmConfig,
+    start_scheduler,
+)
 from lmcache_fake_adapter import (
     FakeLMCacheAdapter,
     FakeLMCacheMetadata,
@@ -37,7 +42,6 @@ from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import (
     LMCacheConnectorV1,
 )
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -46,25 +50,12 @@ from vllm.v1.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from vllm.v1.request import Request, RequestStatus
-from vllm.v1.structured_output import StructuredOutputManager
+from vllm.v1.request import RequestStatus
 
 try:  # 0.33.0 moved KV cache planning out of kv_cache_utils.
     from vllm.v1.core.kv_cache_planning import get_kv_cache_groups
 except ImportError:
     from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
-
-MakeRequest = Callable[[str, int], Request]
-
-
-class MakeVllmConfig(Protocol):
-    def __call__(
-        self, kv_transfer_config: KVTransferConfig | None, mamba_cache_mode: str = ...
-    ) -> VllmConfig: ...
-
-
-BLOCK_SIZE = 16
-NUM_BLOCKS = 256
 
 RECURRENT_LAYER = "model.layers.0.linear_attn"
 ATTENTION_LAYER = "model.layers.1.self_attn.attn"
@@ -122,32 +113,24 @@ def plan_kv_cache(
     model without HMA is raised here."""
     groups = get_kv_cache_groups(vllm_config, dict(layers))
     return KVCacheConfig(
-        num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups
+        num_blocks=NUM_GPU_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups
     )
 
 
-def start_scheduler(
+def start_lmcache_scheduler(
     make_vllm_config: MakeVllmConfig, layers: dict[str, KVCacheSpec]
 ) -> Scheduler:
     """Start-up as the engine core does it: config, KV cache planning, and the
     real `Scheduler`, which creates the connector and with it the adapter."""
     vllm_config = lmcache_vllm_config(make_vllm_config)
     kv_cache_config = plan_kv_cache(vllm_config, layers)
-    register_all_kvcache_specs(vllm_config)
-    return Scheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        block_size=BLOCK_SIZE,
-        hash_block_size=BLOCK_SIZE,
-        log_stats=True,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-    )
+    return start_scheduler(vllm_config, kv_cache_config)
 
 
 def hybrid_kv_cache_config() -> KVCacheConfig:
     """The groups the HMA plans for `HYBRID_LAYERS` (see the first probe)."""
     return KVCacheConfig(
-        num_blocks=NUM_BLOCKS,
+        num_blocks=NUM_GPU_BLOCKS,
         kv_cache_tensors=[],
         kv_cache_groups=[
             KVCacheGroupSpec([RECURRENT_LAYER], RECURRENT),
@@ -199,7 +182,7 @@ def test_finished_request_hands_lmcache_the_attention_group_blocks(
     `request_finished_all_groups`; the adapter gets the blocks of the first
     full-attention group, not those of group 0 (recurrent state)."""
     install_fake_adapter(monkeypatch)
-    scheduler = start_scheduler(make_vllm_config, HYBRID_LAYERS)
+    scheduler = start_lmcache_scheduler(make_vllm_config, HYBRID_LAYERS)
     adapter = lmcache_adapter(scheduler.connector)
     request = make_request("finished", 3 * BLOCK_SIZE)
     scheduler.add_request(request)
@@ -305,7 +288,7 @@ def test_adapter_is_shown_only_the_served_group_layers(
     assert lmcache_adapter(connector).registered_layers == [ATTENTION_LAYER]
 
     one_group = KVCacheConfig(
-        num_blocks=NUM_BLOCKS,
+        num_blocks=NUM_GPU_BLOCKS,
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec([ATTENTION_LAYER, SLIDING_LAYER], ATTENTION)],
     )
@@ -329,7 +312,7 @@ def test_adapter_saves_from_the_served_group_blocks(
     `block_ids[0]`, which here is the recurrent-state group, and would save
     its blocks as attention KV."""
     install_fake_adapter(monkeypatch)
-    scheduler = start_scheduler(make_vllm_config, HYBRID_LAYERS)
+    scheduler = start_lmcache_scheduler(make_vllm_config, HYBRID_LAYERS)
     adapter = lmcache_adapter(scheduler.connector)
     request = make_request("saved", 3 * BLOCK_SIZE)
     scheduler.add_request(request)
@@ -354,7 +337,7 @@ def test_hybrid_model_gets_no_external_hits_without_recurrent_state_restore(
     keeps upstream behaviour with the same adapter."""
     num_prompt_tokens = 4 * BLOCK_SIZE
     install_fake_adapter(monkeypatch, matched_tokens=2 * BLOCK_SIZE)
-    scheduler = start_scheduler(make_vllm_config, HYBRID_LAYERS)
+    scheduler = start_lmcache_scheduler(make_vllm_config, HYBRID_LAYERS)
     adapter = lmcache_adapter(scheduler.connector)
     LMCacheConnectorV1(
         scheduler.vllm_config, KVConnectorRole.WORKER, scheduler.kv_cache_config
@@ -372,7 +355,7 @@ def test_hybrid_model_gets_no_external_hits_without_recurrent_state_restore(
     [warning] = recurrent_state_warnings(vllm_log_records)
     assert "garble" in warning and "NixlConnector" in warning
 
-    plain = start_scheduler(make_vllm_config, {ATTENTION_LAYER: ATTENTION})
+    plain = start_lmcache_scheduler(make_vllm_config, {ATTENTION_LAYER: ATTENTION})
     request = make_request("plain", num_prompt_tokens)
     plain.add_request(request)
     output = plain.schedule()
@@ -396,7 +379,7 @@ def test_hybrid_model_uses_hits_of_an_adapter_that_restores_recurrent_state(
     install_fake_adapter(
         monkeypatch, matched_tokens=2 * BLOCK_SIZE, restores_recurrent_state=True
     )
-    scheduler = start_scheduler(make_vllm_config, HYBRID_LAYERS)
+    scheduler = start_lmcache_scheduler(make_vllm_config, HYBRID_LAYERS)
     adapter = lmcache_adapter(scheduler.connector)
     request = make_request("restored", 4 * BLOCK_SIZE)
     scheduler.add_request(request)
@@ -424,7 +407,7 @@ def test_unserved_attention_group_gets_no_external_hits(
     install_fake_adapter(
         monkeypatch, matched_tokens=2 * BLOCK_SIZE, restores_recurrent_state=True
     )
-    scheduler = start_scheduler(make_vllm_config, SLIDING_WINDOW_LAYERS)
+    scheduler = start_lmcache_scheduler(make_vllm_config, SLIDING_WINDOW_LAYERS)
     assert len(scheduler.kv_cache_config.kv_cache_groups) == 2, (
         "the hybrid KV cache manager is off: one group for both layer kinds"
     )

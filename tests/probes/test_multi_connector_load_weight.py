@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from conftest import MakeRequest, MakeScheduler, MakeVllmConfig
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler_side_connector import RecordingHMAChild
@@ -29,10 +29,6 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.request import Request
-
-MakeScheduler = Callable[[KVTransferConfig], Scheduler]
-MakeRequest = Callable[[str, int], Request]
-MakeVllmConfig = Callable[[KVTransferConfig | None], VllmConfig]
 
 UNSET: Any = object()  # a child entry without load_weight
 

@@ -19,9 +19,8 @@ tier (`StoreChild`: a fixed synchronous hit, no recurrent-state restore).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
+from conftest import MakeScheduler
 from scheduler_side_connector import RecordingHMAChild
 from vllm.config import KVTransferConfig
 from vllm.sampling_params import SamplingParams
@@ -30,8 +29,6 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
-
-MakeScheduler = Callable[[KVTransferConfig], Scheduler]
 
 # Every probe prompt starts with this prefix; the decode instance caches its
 # first CACHED_BLOCKS blocks before the probe request arrives.

@@ -11,9 +11,9 @@ metrics.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
+from conftest import MakeScheduler
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from scheduler_side_connector import SchedulerSideConnector
 from vllm.config import KVTransferConfig
@@ -27,11 +27,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
     MultiConnector,
 )
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
 from vllm.v1.request import Request
-
-MakeScheduler = Callable[[KVTransferConfig], Scheduler]
 
 TRANSFERS_METRIC = "vllm:probe_kv_transfers"
 

@@ -13,10 +13,10 @@ yet") still defers the request.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import pytest
+from conftest import MakeRequest, MakeScheduler
 from scheduler_side_connector import SchedulerSideConnector
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
@@ -24,9 +24,6 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
-
-MakeScheduler = Callable[[KVTransferConfig], Scheduler]
-MakeRequest = Callable[[str, int], Request]
 
 
 class NegativeHitConnector(SchedulerSideConnector):

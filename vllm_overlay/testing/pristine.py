@@ -13,14 +13,13 @@ patch); `vllm_overlay.testing.unpatched` builds on this plugin and inverts them.
 """
 
 import tempfile
-import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
 from vllm_overlay import source_overlay
-from vllm_overlay.fetch import sha256_of
+from vllm_overlay.fetch import sha256_of, wheel_members
 from vllm_overlay.locations import cache_root
 from vllm_overlay.manifest import read_installed_manifest
 
@@ -41,19 +40,19 @@ def pristine_sources(
             f"the pinned source wheel {source['filename']} is not in the cache "
             f"{wheel.parent} (build the release once with vllm-overlay first)"
         )
+    relatives = sorted(relatives)
+    members = wheel_members(wheel, relatives)
     sources = {}
-    with zipfile.ZipFile(wheel) as archive:
-        names = set(archive.namelist())
-        for relative in sorted(relatives):
-            if relative not in names:
-                raise pytest.UsageError(
-                    f"{relative} is new in the series; the unpatched release "
-                    "has no such module to test against"
-                )
-            target = scratch / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(archive.read(relative))
-            sources[source_overlay.module_name(relative)] = target
+    for relative in relatives:
+        if relative not in members:
+            raise pytest.UsageError(
+                f"{relative} is new in the series; the unpatched release "
+                "has no such module to test against"
+            )
+        target = scratch / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(members[relative])
+        sources[source_overlay.module_name(relative)] = target
     return sources
 
 
