@@ -6,11 +6,20 @@ from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.export import refresh, refresh_check
+from vllm_overlay.extract import extract
 from vllm_overlay.lint import lint
 from vllm_overlay.locations import patches_root
 from vllm_overlay.pins import DISTRIBUTIONS
+from vllm_overlay.rebase import (
+    RebaseOutcome,
+    abort_rebase,
+    continue_rebase,
+    format_conflicts,
+    skip_patch,
+    start_rebase,
+)
 from vllm_overlay.release import build_release
-from vllm_overlay.status import format_json, format_table, status
+from vllm_overlay.status import format_json, format_table, record_status, status
 from vllm_overlay.table import TABLE_FILE, render_table
 
 
@@ -57,6 +66,14 @@ def _status(args: argparse.Namespace) -> int:
     rows = status(args.releases, probe=args.probe)
     formatted = format_json if args.json else format_table
     print(formatted(rows, probe=args.probe), end="")
+    if args.record:
+        recorded = record_status(rows)
+        if not recorded:
+            raise OverlayError("--record keeps verdicts of pinned releases only")
+        print(
+            f"recorded the verdicts for {', '.join(recorded)} in {TABLE_FILE}",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -78,6 +95,49 @@ def _refresh(args: argparse.Namespace) -> int:
         raise OverlayError("refresh needs --repo PATH and --base REF, or --check")
     directory, changed = refresh(args.release, args.repo, args.base)
     print(f"wrote {directory} ({', '.join(changed) or 'no changes'})")
+    return 0
+
+
+def _rebase(args: argparse.Namespace) -> int:
+    resuming = args.resume or args.skip or args.abort
+    if resuming and args.releases:
+        raise OverlayError("--continue, --skip and --abort take no releases")
+    if args.abort:
+        print(f"vllm-overlay rebase: abandoned the rebase {abort_rebase()}")
+        return 0
+    if not resuming and len(args.releases) != 2:
+        raise OverlayError("rebase needs FROM and TO (or --continue/--skip/--abort)")
+    if args.skip:
+        outcome = skip_patch()
+    elif args.resume:
+        outcome = continue_rebase()
+    else:
+        outcome = start_rebase(*args.releases)
+    _report_rebase(outcome)
+    return 0 if outcome.stopped_at is None else 1
+
+
+def _report_rebase(outcome: RebaseOutcome) -> None:
+    for name in outcome.kept:
+        print(f"kept     {name}")
+    for dropped in outcome.dropped:
+        print(f"dropped  {dropped.patch}: {dropped.reason}")
+    if outcome.stopped_at is not None:
+        print(f"stopped  {outcome.stopped_at}: merge conflict")
+        print(format_conflicts(outcome), end="", file=sys.stderr)
+        return
+    print(
+        f"wrote {outcome.directory} ({len(outcome.kept)} kept, "
+        f"{len(outcome.dropped)} dropped)"
+    )
+
+
+def _extract(args: argparse.Namespace) -> int:
+    done = extract(args.patch, args.base, args.repo, args.out)
+    print(f"wrote {done.directory} (the PR description and the mbox)")
+    if done.branch is not None:
+        print(f"created branch {done.branch} in {args.repo}")
+    print(f"new upstream tests: {done.tests.package}/")
     return 0
 
 
@@ -134,6 +194,12 @@ def _parser() -> argparse.ArgumentParser:
         help="also run each patch's probes on the unpatched release, in its "
         "cached test environment (still needed / upstream-equivalent)",
     )
+    upstream.add_argument(
+        "--record",
+        action="store_true",
+        help=f"keep each pinned release's verdicts for the {TABLE_FILE} column "
+        "'Last status' and regenerate it",
+    )
     upstream.set_defaults(func=_status)
     refresh_cmd = commands.add_parser(
         "refresh", help="re-export a release's series from a patched git tree"
@@ -151,6 +217,46 @@ def _parser() -> argparse.ArgumentParser:
         help="fail if the series is not what a refresh of itself writes",
     )
     refresh_cmd.set_defaults(func=_refresh)
+    rebase_cmd = commands.add_parser(
+        "rebase",
+        help="replay a release's series onto another pinned release (3-way)",
+    )
+    rebase_cmd.add_argument(
+        "releases", nargs="*", metavar="FROM TO", help="the two pinned releases"
+    )
+    step = rebase_cmd.add_mutually_exclusive_group()
+    step.add_argument(
+        "--continue",
+        dest="resume",
+        action="store_true",
+        help="go on after resolving the conflict of the stopped patch",
+    )
+    step.add_argument(
+        "--skip", action="store_true", help="drop the stopped patch and go on"
+    )
+    step.add_argument(
+        "--abort", action="store_true", help="give the rebase up; nothing is written"
+    )
+    rebase_cmd.set_defaults(func=_rebase)
+    extract_cmd = commands.add_parser(
+        "extract", help="turn one patch into an upstream-ready contribution"
+    )
+    extract_cmd.add_argument("patch", help="patch file name (with or without .patch)")
+    extract_cmd.add_argument(
+        "--base", help="pinned release whose series holds it (default: the newest)"
+    )
+    extract_cmd.add_argument(
+        "--repo",
+        type=Path,
+        help="a vLLM git checkout: apply the contribution there on a new branch",
+    )
+    extract_cmd.add_argument(
+        "--out",
+        type=Path,
+        default=Path("extract"),
+        help="where the PR description and the mbox go (default: extract/)",
+    )
+    extract_cmd.set_defaults(func=_extract)
     return parser
 
 

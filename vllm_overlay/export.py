@@ -63,6 +63,21 @@ _SERIES_HEADER = "# Patch series over vLLM {version}, applied in this order.\n"
 _NOT_SLUG = re.compile(r"[^a-z0-9]+")
 
 
+def git_env() -> dict[str, str]:
+    """The environment that keeps the user's and the system's git config out."""
+    return dict(_GIT_ENV)
+
+
+def commit_identity() -> dict[str, str]:
+    """The fixed author and committer of the scratch repositories' commits."""
+    return {
+        "GIT_AUTHOR_NAME": _IDENTITY,
+        "GIT_AUTHOR_EMAIL": _EMAIL,
+        "GIT_COMMITTER_NAME": _IDENTITY,
+        "GIT_COMMITTER_EMAIL": _EMAIL,
+    }
+
+
 def git(repo: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
     """Run git in `repo` without the user's config; a failure is an
     `OverlayError` with git's own last line."""
@@ -80,15 +95,24 @@ def git(repo: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
     return proc.stdout
 
 
-def export_series(repo: Path, base: str, release: str, root: Path) -> dict[str, bytes]:
+def export_series(
+    repo: Path,
+    base: str,
+    release: str,
+    root: Path,
+    names_from: Path | None = None,
+    allow_empty: bool = False,
+) -> dict[str, bytes]:
     """Patch file name -> the bytes `git format-patch` writes, for every commit
     of `base..HEAD` in `repo`, oldest first. Each commit keeps the file name of
-    the existing series entry with its subject, else gets a slug of it."""
+    the entry with its subject in the series at `names_from` (default: the
+    release's own), else gets a slug of it. No commits at all is an error
+    unless `allow_empty` (a rebase whose every patch upstream absorbed)."""
     _check_repo(repo, base)
-    known = _names_by_subject(series_dir(root, release))
+    known = _names_by_subject(names_from or series_dir(root, release))
     exported: dict[str, bytes] = {}
     for commit in git(repo, "rev-list", "--reverse", f"{base}..HEAD").split():
-        data = _format_patch(repo, commit)
+        data = format_patch_bytes(repo, commit)
         subject = git(repo, "log", "-1", "--format=%s", commit).strip()
         name = known.get(subject) or slug(subject)
         if name in exported:
@@ -97,7 +121,7 @@ def export_series(repo: Path, base: str, release: str, root: Path) -> dict[str, 
             )
         _check_exported(name, data, commit, root.parent)
         exported[name] = data
-    if not exported:
+    if not exported and not allow_empty:
         raise OverlayError(f"{repo}: no commits in {base}..HEAD")
     return exported
 
@@ -123,7 +147,7 @@ def _check_repo(repo: Path, base: str) -> None:
         )
 
 
-def _format_patch(repo: Path, commit: str) -> bytes:
+def format_patch_bytes(repo: Path, commit: str) -> bytes:
     """The patch of one commit, exactly as `format-patch` writes it: bytes,
     since the message is the commit's and must round-trip unchanged."""
     proc = subprocess.run(
@@ -176,6 +200,15 @@ def write_series(
     """Export `base..HEAD` of `repo` into the release's series directory, which
     is replaced whole or not at all; returns it and the names that changed."""
     exported = export_series(repo, base, release, root)
+    return write_exported(exported, release, root)
+
+
+def write_exported(
+    exported: Mapping[str, bytes], release: str, root: Path
+) -> tuple[Path, list[str]]:
+    """Write `exported` (name -> patch bytes, in series order) as the release's
+    series directory, replaced whole or not at all; returns it and the names
+    that changed."""
     target = series_dir(root, release)
     changed = series_diff(exported, release, target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -237,12 +270,7 @@ def materialize(series: Series, originals: Mapping[str, bytes], dest: Path) -> P
     for name, content in originals.items():
         (dest / name).parent.mkdir(parents=True, exist_ok=True)
         (dest / name).write_bytes(content)
-    identity = {
-        "GIT_AUTHOR_NAME": _IDENTITY,
-        "GIT_AUTHOR_EMAIL": _EMAIL,
-        "GIT_COMMITTER_NAME": _IDENTITY,
-        "GIT_COMMITTER_EMAIL": _EMAIL,
-    }
+    identity = commit_identity()
     dated = {**identity, "GIT_AUTHOR_DATE": _UPSTREAM_DATE}
     git(dest, "add", "-A")
     git(dest, "commit", "-q", "--allow-empty", "-m", UPSTREAM_TAG, env=dated)

@@ -28,6 +28,7 @@ unpatched release (see `probing.py`): whether the patch is still needed even
 where its text no longer applies, or upstream fixed it another way.
 """
 
+import datetime
 import json
 import shutil
 import subprocess
@@ -47,6 +48,8 @@ from vllm_overlay.pins import ReleasePin
 from vllm_overlay.probing import probe_verdicts
 from vllm_overlay.release import pinned_releases
 from vllm_overlay.series import PACKAGE_DIR, Patch, Series, load_series
+from vllm_overlay.table import TABLE_FILE, render_table
+from vllm_overlay.verdicts import record_verdicts
 
 EXACT = "applies exactly"
 OFFSET = "applies only with offset"
@@ -227,6 +230,32 @@ def judge(patch: Patch, root: Path) -> tuple[str, str]:
     return CONFLICT, "; ".join(
         f"{p.file} hunk #{p.hunk} (at line {p.line}) does not match" for p in failed
     )
+
+
+def record_status(
+    rows: list[PatchStatus], root: Path | None = None, checked: str | None = None
+) -> list[str]:
+    """Record the verdicts about each pinned release's own series (the
+    release's patches against that release) and regenerate `PATCHES.md`;
+    returns the releases recorded. Rows about another release's series say
+    nothing about any patch file's own release, so they are not kept."""
+    root = root or patches_root()
+    pins = pinned_releases(root)
+    own = [row for row in rows if row.pinned and row.series == row.release]
+    patches = {}
+    for release in {row.release for row in own}:
+        for patch in load_series(root, pins[release]).patches:
+            patches[release, patch.name] = patch
+    record_verdicts(
+        root,
+        [
+            (row.release, patches[row.release, row.patch], row.verdict, row.probe)
+            for row in own
+        ],
+        checked or datetime.date.today().isoformat(),
+    )
+    (root.parent / TABLE_FILE).write_text(render_table(root), encoding="utf-8")
+    return sorted({row.release for row in own}, key=Version)
 
 
 def format_table(rows: list[PatchStatus], probe: bool = False) -> str:

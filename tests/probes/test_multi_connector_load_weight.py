@@ -125,6 +125,21 @@ def test_hit_sources_follow_the_weighted_winner(
     assert sources == {CacheHitSource.DISK: 4 * block_size}
 
 
+@pytest.mark.skipif(
+    not hasattr(MultiConnector, "supports_sleep_mode"),
+    reason="MultiConnector answers sleep-mode support from 0.33.0 on",
+)
+def test_sleep_mode_support_with_weighted_children() -> None:
+    """VllmConfig asks the connector class about sleep mode when it is on;
+    MultiConnector builds each child's config for that, and a child's
+    `load_weight` must not reach it (its config rejects unknown fields)."""
+    weighted = multi_connector_config([(0, UNSET), (0, 2.0)])
+    unweighted = multi_connector_config([(0, UNSET), (0, UNSET)])
+    assert MultiConnector.supports_sleep_mode(weighted) == (
+        MultiConnector.supports_sleep_mode(unweighted)
+    )
+
+
 @pytest.mark.parametrize(
     "weight", [-1.0, 0, 0.0, math.nan, math.inf, "2", True, None, [1.0]]
 )

@@ -3,12 +3,16 @@ real `git format-patch`, so the tooling is tested in seconds without vLLM."""
 
 import base64
 import hashlib
+import json
 import subprocess
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from vllm_overlay.wheelbuild import MANIFEST_FORMAT, MANIFEST_PATH
 
 pytest_plugins = ["pytester"]
 
@@ -177,3 +181,39 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
     monkeypatch.setenv("VLLM_OVERLAY_PATCHES", str(proj.patches))
     monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(proj.cache))
     return proj
+
+
+PATCHED = scheduler_edit(20, "line twenty, patched")
+DEMO_PROBE = """
+import importlib.util
+from pathlib import Path
+
+def test_demo():
+    spec = importlib.util.find_spec("vllm.v1.core.sched.scheduler")
+    assert "line twenty, patched" in Path(spec.origin).read_text()
+"""
+
+
+def fake_release_env(project: Project, tmp_path: Path, release: str = "9.9.0") -> None:
+    """`envs/9.9.0/bin/python` running this interpreter with a patched `vllm`
+    installed: the scheduler as the series ships it and the series manifest
+    naming the pinned source wheel."""
+    site = tmp_path / "site"
+    (site / "vllm" / "v1" / "core" / "sched").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    (site / SCHEDULER).write_text(PATCHED)
+    source = next((project.cache / "wheels").glob("vllm-*.whl"))
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "release": release,
+        "source": {"filename": source.name, "sha256": sha256_file(source)},
+        "patches": [{"name": "scheduler-demo.patch", "files": [SCHEDULER]}],
+    }
+    (site / MANIFEST_PATH).write_text(json.dumps(manifest))
+    python = project.cache / "envs" / "9.9.0" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(
+        f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{site}" exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    (project.root / "tests" / "probes" / "test_demo.py").write_text(DEMO_PROBE)

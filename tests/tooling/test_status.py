@@ -5,27 +5,27 @@ synthetic installed `vllm` on the path of this interpreter."""
 
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from conftest import (
+    PATCHED,
     SCHEDULER,
     SCHEDULER_SOURCE,
+    fake_release_env,
     format_patch,
     make_wheel,
     scheduler_edit,
-    sha256_file,
 )
 
 from vllm_overlay import status as status_module
 from vllm_overlay.cli import main
+from vllm_overlay.lint import lint
 from vllm_overlay.pins import Artifact, ReleasePin
 from vllm_overlay.probing import probe_outcomes, probe_verdict
-from vllm_overlay.wheelbuild import MANIFEST_FORMAT, MANIFEST_PATH
-
-PATCHED = scheduler_edit(20, "line twenty, patched")
+from vllm_overlay.table import render_table
+from vllm_overlay.verdicts import VERDICTS_FILE, read_verdicts
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -160,41 +160,6 @@ def test_nearest_series_is_the_greatest_pinned_release_not_after():
     assert nearest(pins, "0.10.0").version == "0.31.0"
 
 
-DEMO_PROBE = """
-import importlib.util
-from pathlib import Path
-
-def test_demo():
-    spec = importlib.util.find_spec("vllm.v1.core.sched.scheduler")
-    assert "line twenty, patched" in Path(spec.origin).read_text()
-"""
-
-
-def fake_release_env(project, tmp_path: Path, release: str = "9.9.0") -> None:
-    """`envs/9.9.0/bin/python` running this interpreter with a patched `vllm`
-    installed: the scheduler as the series ships it and the series manifest
-    naming the pinned source wheel."""
-    site = tmp_path / "site"
-    (site / "vllm" / "v1" / "core" / "sched").mkdir(parents=True)
-    (site / "vllm" / "__init__.py").write_text("")
-    (site / SCHEDULER).write_text(PATCHED)
-    source = next((project.cache / "wheels").glob("vllm-*.whl"))
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "release": release,
-        "source": {"filename": source.name, "sha256": sha256_file(source)},
-        "patches": [{"name": "scheduler-demo.patch", "files": [SCHEDULER]}],
-    }
-    (site / MANIFEST_PATH).write_text(json.dumps(manifest))
-    python = project.cache / "envs" / "9.9.0" / "bin" / "python"
-    python.parent.mkdir(parents=True)
-    python.write_text(
-        f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{site}" exec {sys.executable} "$@"\n'
-    )
-    python.chmod(0o755)
-    (project.root / "tests" / "probes" / "test_demo.py").write_text(DEMO_PROBE)
-
-
 def test_probe_fails_on_the_unpatched_release(project, tmp_path, capsys):
     fake_release_env(project, tmp_path)
     code, out, err = run(capsys, "status", "--probe")
@@ -258,3 +223,41 @@ def test_probe_outcomes_from_junit(tmp_path):
         probes[2]: "error",
         probes[3]: "not run",
     }
+
+
+def test_record_keeps_the_verdict_for_patches_md(project, upstream, capsys):
+    table = project.root / "PATCHES.md"
+    code, _, err = run(capsys, "status", "--record")
+    assert code == 0, err
+    assert "recorded the verdicts for 9.9.0 in PATCHES.md" in err
+    recorded = read_verdicts(project.patches)
+    entry = recorded["9.9.0", "scheduler-demo.patch"]
+    assert (entry.verdict, entry.probe) == ("applies exactly", None)
+    assert f"| applies exactly ({entry.checked}) |" in table.read_text()
+    assert lint(project.patches) == []
+    assert main(["table", "--check"]) == 0
+
+
+def test_record_ignores_unpinned_rows(project, upstream, capsys):
+    upstream.releases["9.9.3"] = PATCHED
+    code, _, err = run(capsys, "status", "--record", "9.9.3")
+    assert code == 1
+    assert "--record keeps verdicts of pinned releases only" in err
+    assert read_verdicts(project.patches) == {}
+
+
+def test_an_edited_patch_shows_a_stale_verdict(project, capsys):
+    assert run(capsys, "status", "--record")[0] == 0
+    path = project.series_dir / "scheduler-demo.patch"
+    path.write_text(path.read_text().replace("Why.", "Why, really."))
+    assert "| stale: the patch changed after the check of " in render_table(
+        project.patches
+    )
+
+
+def test_recorded_verdicts_with_a_wrong_shape_fail_lint(project):
+    (project.patches / VERDICTS_FILE).write_text(
+        '[verdicts."9.9.0"."scheduler-demo.patch"]\nverdict = 1\n'
+    )
+    (problem,) = lint(project.patches)
+    assert "needs the strings verdict, patch_sha256 and checked" in problem

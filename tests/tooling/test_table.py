@@ -1,6 +1,8 @@
 from pathlib import Path
 
 from vllm_overlay.cli import main
+from vllm_overlay.history import HISTORY_FILE
+from vllm_overlay.lint import lint
 from vllm_overlay.table import TABLE_FILE, render_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,7 +20,7 @@ def test_table_rows_come_from_the_trailers(project):
     assert (
         "| `scheduler-demo.patch` | scheduler: demo change | Pending | none "
         "| upstream validates the value itself "
-        "| `tests/probes/test_demo.py::test_demo` |"
+        "| `tests/probes/test_demo.py::test_demo` | not checked yet |"
     ) in table
 
 
@@ -29,3 +31,30 @@ def test_write_then_check(project, capsys):
     assert main(["table", "--write"]) == 0
     assert target.read_text() == render_table(project.patches)
     assert main(["table", "--check"]) == 0
+
+
+def test_unchecked_patch_says_so(project):
+    assert "| `tests/probes/test_demo.py::test_demo` | not checked yet |" in (
+        render_table(project.patches)
+    )
+
+
+def test_dropped_patches_are_listed_newest_first(project):
+    (project.patches / HISTORY_FILE).write_text(
+        "".join(
+            f'[[dropped]]\npatch = "p{n}.patch"\nsubject = "s{n}"\nseries = "9.9.0"\n'
+            f'release = "9.{n}.0"\nreason = "r"\nupstream_status = "Pending"\n'
+            'upstream_pr = "none"\n'
+            for n in (10, 11)
+        )
+    )
+    table = render_table(project.patches)
+    assert table.index("| `p11.patch` | s11 | 9.9.0 | 9.11.0 | r | none |") < (
+        table.index("| `p10.patch` |")
+    )
+
+
+def test_history_entry_with_a_missing_key_fails_lint(project):
+    (project.patches / HISTORY_FILE).write_text('[[dropped]]\npatch = "p.patch"\n')
+    (problem,) = lint(project.patches)
+    assert "entry 1 must have exactly the keys patch, subject" in problem

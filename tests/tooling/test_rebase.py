@@ -1,0 +1,359 @@
+"""`vllm-overlay rebase FROM TO`: a series replayed onto a second synthetic
+release whose files drift, absorb a patch, or conflict with it."""
+
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+from conftest import (
+    RELEASE,
+    SCHEDULER,
+    SCHEDULER_SOURCE,
+    TRAILERS,
+    format_patch,
+    make_wheel,
+    scheduler_edit,
+    sha256_file,
+)
+
+from vllm_overlay.applier import apply_series
+from vllm_overlay.cli import main
+from vllm_overlay.history import HISTORY_FILE, read_history
+from vllm_overlay.lint import lint
+from vllm_overlay.rebase import state_dir
+from vllm_overlay.release import release_series
+
+TO = "9.10.0"
+PATCH = "scheduler-demo.patch"
+PATCHED_LINE = "line twenty, patched"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=T", "-c", "user.email=t@example.invalid", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+def pin_target(project, scheduler: str) -> None:
+    """Pin release TO, whose scheduler is `scheduler`, and cache its wheel."""
+    wheel = make_wheel(
+        project.cache / "wheels" / f"vllm-{TO}-cp38-abi3-linux_x86_64.whl",
+        members={SCHEDULER: scheduler.encode()},
+    )
+    with (project.patches / "vllm" / "releases.toml").open("a") as pins:
+        pins.write(
+            f'\n[releases."{TO}"]\nrevision = 1\n'
+            f'sdist = {{ filename = "vllm-{TO}.tar.gz", sha256 = "{"0" * 64}" }}\n'
+            f'wheels = [{{ dist = "vllm", filename = "{wheel.name}", '
+            f'sha256 = "{sha256_file(wheel)}" }}]\n'
+        )
+
+
+@pytest.fixture
+def checkout(project):
+    """The synthetic project as a git work tree with everything committed."""
+    git(project.root, "init", "-q")
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-qm", "project")
+    return project
+
+
+def committed(project) -> None:
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-qm", "pin")
+
+
+def target_dir(project) -> Path:
+    return project.patches / "vllm" / f"v{TO}"
+
+
+def drifted(lines_on_top: int = 5) -> str:
+    return "".join(f"new {n}\n" for n in range(lines_on_top)) + SCHEDULER_SOURCE
+
+
+def rebase(capsys, *argv: str) -> tuple[int, str, str]:
+    return run(capsys, "rebase", *argv)
+
+
+def test_drifted_patch_is_kept_with_refreshed_context(checkout, capsys):
+    pin_target(checkout, drifted())
+    committed(checkout)
+    code, out, _ = rebase(capsys, RELEASE, TO)
+    assert code == 0, out
+    assert f"kept     {PATCH}" in out
+    series = release_series(TO)
+    assert [p.name for p in series.patches] == [PATCH]
+    text = series.patches[0].path.read_text()
+    assert "@@ -22,7 +22,7 @@" in text
+    assert TRAILERS in text
+    patched = apply_series(series, {SCHEDULER: drifted().encode()})
+    assert PATCHED_LINE in patched[SCHEDULER].decode()
+    assert not state_dir(checkout.patches).exists()
+    assert not (checkout.patches / HISTORY_FILE).exists()
+    assert lint(checkout.patches) == []
+    assert run(capsys, "refresh", TO, "--check")[0] == 0
+
+
+def test_patch_upstream_already_has_is_dropped_and_recorded(checkout, capsys):
+    pin_target(checkout, scheduler_edit(20, PATCHED_LINE))
+    committed(checkout)
+    code, out, _ = rebase(capsys, RELEASE, TO)
+    assert code == 0
+    assert f"dropped  {PATCH}: reverse-applies: vLLM {TO} already has" in out
+    assert release_series(TO).patches == ()
+    (entry,) = read_history(checkout.patches)
+    assert (entry.patch, entry.series, entry.release) == (PATCH, RELEASE, TO)
+    assert entry.upstream_status == "Pending"
+    assert lint(checkout.patches) == []
+
+
+def test_change_absorbed_next_to_other_edits_merges_to_nothing(checkout, capsys):
+    upstream = scheduler_edit(20, PATCHED_LINE).replace("line 17\n", "line 17 new\n")
+    pin_target(checkout, upstream)
+    committed(checkout)
+    code, out, _ = rebase(capsys, RELEASE, TO)
+    assert code == 0
+    assert "empty after a 3-way merge" in out
+    assert read_history(checkout.patches)[0].reason.startswith("empty after")
+
+
+def test_history_is_only_appended(checkout, capsys):
+    history = checkout.patches / HISTORY_FILE
+    pin_target(checkout, scheduler_edit(20, PATCHED_LINE))
+    committed(checkout)
+    assert rebase(capsys, RELEASE, TO)[0] == 0
+    first = history.read_text()
+    git(checkout.root, "add", "-A")
+    git(checkout.root, "commit", "-qm", "rebased")
+    subprocess.run(["rm", "-r", str(target_dir(checkout))], check=True)
+    git(checkout.root, "commit", "-qam", "drop the series again")
+    assert rebase(capsys, RELEASE, TO)[0] == 0
+    second = history.read_text()
+    assert second.startswith(first)
+    assert len(tomllib.loads(second)["dropped"]) == 2
+
+
+def conflicting(checkout) -> None:
+    pin_target(checkout, scheduler_edit(20, "line twenty, upstream"))
+    committed(checkout)
+
+
+def test_conflict_stops_with_a_report_and_writes_nothing(checkout, capsys):
+    conflicting(checkout)
+    code, out, err = rebase(capsys, RELEASE, TO)
+    assert code == 1
+    assert f"stopped  {PATCH}: merge conflict" in out
+    assert f"{PATCH} does not merge onto vLLM {TO}" in err
+    assert f"{SCHEDULER}: both changed it" in err
+    assert "conflict 1 at line 20:" in err
+    for side in ("| line twenty, upstream", "| line 20", f"| {PATCHED_LINE}"):
+        assert side in err
+    assert "--continue" in err
+    assert not target_dir(checkout).exists()
+    assert git(checkout.root, "status", "--porcelain", "patches") == ""
+    assert (state_dir(checkout.patches) / "conflict.txt").read_text() in err
+
+
+def test_a_second_rebase_is_refused_while_one_is_stopped(checkout, capsys):
+    conflicting(checkout)
+    rebase(capsys, RELEASE, TO)
+    code, _, err = rebase(capsys, RELEASE, TO)
+    assert code == 1
+    assert "a rebase is already in progress" in err
+
+
+def repo_of(checkout) -> Path:
+    return state_dir(checkout.patches) / "repo"
+
+
+def test_continue_after_resolving_keeps_the_resolution(checkout, capsys):
+    conflicting(checkout)
+    rebase(capsys, RELEASE, TO)
+    code, _, err = rebase(capsys, "--continue")
+    assert code == 1
+    assert f"still unmerged in {repo_of(checkout)}: {SCHEDULER}" in err
+
+    resolved = scheduler_edit(20, "line twenty, upstream and patched")
+    (repo_of(checkout) / SCHEDULER).write_text(resolved)
+    code, _, err = rebase(capsys, "--continue")
+    assert code == 1
+    assert "still unmerged" in err
+    git(repo_of(checkout), "add", SCHEDULER)
+    code, out, _ = rebase(capsys, "--continue")
+    assert code == 0, out
+    assert f"kept     {PATCH}" in out
+    (patch,) = release_series(TO).patches
+    assert TRAILERS in patch.path.read_text()
+    assert "+line twenty, upstream and patched" in patch.path.read_text()
+    assert not state_dir(checkout.patches).exists()
+
+
+def test_markers_left_in_a_staged_file_are_refused(checkout, capsys):
+    conflicting(checkout)
+    rebase(capsys, RELEASE, TO)
+    git(repo_of(checkout), "add", SCHEDULER)
+    code, _, err = rebase(capsys, "--continue")
+    assert code == 1
+    assert f"conflict markers left in {SCHEDULER}" in err
+
+
+def test_resolving_to_upstream_drops_the_patch(checkout, capsys):
+    conflicting(checkout)
+    rebase(capsys, RELEASE, TO)
+    (repo_of(checkout) / SCHEDULER).write_text(
+        scheduler_edit(20, "line twenty, upstream")
+    )
+    git(repo_of(checkout), "add", SCHEDULER)
+    code, out, _ = rebase(capsys, "--continue")
+    assert code == 0
+    assert "empty after the maintainer resolved" in out
+    assert release_series(TO).patches == ()
+
+
+def test_skip_drops_the_stopped_patch(checkout, capsys):
+    conflicting(checkout)
+    rebase(capsys, RELEASE, TO)
+    code, out, _ = rebase(capsys, "--skip")
+    assert code == 0
+    assert "skipped by the maintainer" in out
+    assert read_history(checkout.patches)[0].release == TO
+
+
+def test_abort_leaves_nothing(checkout, capsys):
+    conflicting(checkout)
+    rebase(capsys, RELEASE, TO)
+    code, out, _ = rebase(capsys, "--abort")
+    assert code == 0
+    assert f"abandoned the rebase {RELEASE} -> {TO}" in out
+    assert not (checkout.root / ".vllm-overlay").exists() or not any(
+        (checkout.root / ".vllm-overlay").iterdir()
+    )
+    assert git(checkout.root, "status", "--porcelain", "patches") == ""
+
+
+def test_later_patches_replay_after_a_resolved_conflict(checkout, capsys):
+    checkout.add_patch(
+        "scheduler-second.patch",
+        format_patch(
+            checkout.workdir,
+            {SCHEDULER: scheduler_edit(20, PATCHED_LINE)},
+            {SCHEDULER: scheduler_edit(20, PATCHED_LINE).replace("line 5\n", "l5\n")},
+            subject="scheduler: second change",
+        ),
+    )
+    conflicting(checkout)
+    rebase(capsys, RELEASE, TO)
+    (repo_of(checkout) / SCHEDULER).write_text(scheduler_edit(20, "resolved"))
+    git(repo_of(checkout), "add", SCHEDULER)
+    code, out, _ = rebase(capsys, "--continue")
+    assert code == 0, out
+    assert [p.name for p in release_series(TO).patches] == [
+        PATCH,
+        "scheduler-second.patch",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ((RELEASE, "9.11.0"), "vLLM 9.11.0 is not a pinned release"),
+        ((RELEASE, RELEASE), "FROM and TO are the same release"),
+        ((RELEASE,), "rebase needs FROM and TO"),
+        (("--continue",), "no rebase in progress"),
+        (("--skip",), "no rebase in progress"),
+        (("--abort",), "no rebase in progress"),
+        (("--continue", RELEASE), "take no releases"),
+    ],
+)
+def test_bad_arguments(checkout, capsys, argv, message):
+    pin_target(checkout, drifted())
+    committed(checkout)
+    code, out, err = rebase(capsys, *argv)
+    assert (code, out) == (1, "")
+    assert message in err
+    assert not (checkout.root / ".vllm-overlay").exists()
+
+
+def test_series_already_there_is_refused(checkout, capsys):
+    pin_target(checkout, drifted())
+    target_dir(checkout).mkdir()
+    (target_dir(checkout) / "series").write_text("# empty\n")
+    committed(checkout)
+    code, _, err = rebase(capsys, RELEASE, TO)
+    assert code == 1
+    assert f"vLLM {TO} already has a series" in err
+
+
+def test_no_series_for_from_is_refused(checkout, capsys):
+    pin_target(checkout, drifted())
+    committed(checkout)
+    code, _, err = rebase(capsys, TO, RELEASE)
+    assert code == 1
+    assert f"vLLM {TO} has no series" in err
+
+
+def test_dirty_patches_tree_is_refused(checkout, capsys):
+    pin_target(checkout, drifted())
+    code, _, err = rebase(capsys, RELEASE, TO)
+    assert code == 1
+    assert "has uncommitted changes (patches/vllm/releases.toml" in err
+    assert not (checkout.root / ".vllm-overlay").exists()
+
+
+def test_missing_work_tree_is_refused(project, capsys):
+    pin_target(project, drifted())
+    code, _, err = rebase(capsys, RELEASE, TO)
+    assert code == 1
+    assert "is not in a git work tree" in err
+
+
+def test_invalid_trailers_in_from_are_refused(checkout, capsys):
+    path = checkout.series_dir / PATCH
+    path.write_text(path.read_text().replace("Drop-When:", "Dropped-When:"))
+    pin_target(checkout, drifted())
+    committed(checkout)
+    code, _, err = rebase(capsys, RELEASE, TO)
+    assert code == 1
+    assert "missing trailer Drop-When:" in err
+    assert not (checkout.root / ".vllm-overlay").exists()
+
+
+def test_missing_rebase_repo_is_reported(checkout, capsys):
+    conflicting(checkout)
+    rebase(capsys, RELEASE, TO)
+    subprocess.run(["rm", "-rf", str(repo_of(checkout))], check=True)
+    code, _, err = rebase(capsys, "--continue")
+    assert code == 1
+    assert "rebase work tree" in err and "is missing" in err
+
+
+@pytest.mark.parametrize(
+    ("status", "dropped"),
+    [("Backport 9.10.0", True), ("Backport v9.9.5", True), ("Backport 9.11.0", False)],
+)
+def test_backport_of_a_release_up_to_to_is_dropped(checkout, capsys, status, dropped):
+    path = checkout.series_dir / PATCH
+    path.write_text(
+        path.read_text().replace(
+            "Upstream-Status: Pending", f"Upstream-Status: {status}"
+        )
+    )
+    conflicting(checkout)
+    code, out, _ = rebase(capsys, RELEASE, TO)
+    if dropped:
+        assert code == 0
+        assert f"dropped  {PATCH}: Upstream-Status: Backport" in out
+        assert f"vLLM {TO} has the upstream change" in out
+    else:
+        assert (code, f"stopped  {PATCH}: merge conflict" in out) == (1, True)

@@ -1,0 +1,96 @@
+"""The record of dropped patches: `patches/vllm/history.toml`.
+
+A patch leaves the series when upstream absorbs it (or a maintainer drops it
+at a rebase). Its file is gone from the new series, but why it went, and in
+which release, must stay findable: `rebase` appends one `[[dropped]]` table a
+patch and never rewrites an entry, and `lint` checks every entry.
+"""
+
+import json
+import os
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.series import Patch
+
+HISTORY_FILE = Path("vllm") / "history.toml"
+_HEADER = (
+    "# Patches dropped from a series, appended by `vllm-overlay rebase`.\n"
+    "# Append-only: an entry is never edited or removed.\n"
+)
+
+
+@dataclass(frozen=True)
+class DroppedPatch:
+    """One dropped patch: which series it left, for which release, and why."""
+
+    patch: str
+    subject: str
+    series: str
+    release: str
+    reason: str
+    upstream_status: str
+    upstream_pr: str
+
+    @classmethod
+    def of(cls, patch: Patch, series: str, release: str, reason: str) -> "DroppedPatch":
+        return cls(
+            patch.name,
+            patch.subject,
+            series,
+            release,
+            reason,
+            patch.upstream_status,
+            patch.upstream_pr,
+        )
+
+
+_KEYS = tuple(f.name for f in fields(DroppedPatch))
+
+
+def read_history(root: Path) -> list[DroppedPatch]:
+    """Every entry, oldest first; an `OverlayError` naming the first defect."""
+    path = root / HISTORY_FILE
+    if not path.is_file():
+        return []
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise OverlayError(f"{path}: not valid TOML ({exc})") from None
+    extra = set(data) - {"dropped"}
+    if extra:
+        raise OverlayError(f"{path}: unknown key(s) {', '.join(sorted(extra))}")
+    entries = []
+    for number, entry in enumerate(data.get("dropped", []), start=1):
+        if not isinstance(entry, dict) or set(entry) != set(_KEYS):
+            raise OverlayError(
+                f"{path}: entry {number} must have exactly the keys {', '.join(_KEYS)}"
+            )
+        if not all(isinstance(value, str) and value for value in entry.values()):
+            raise OverlayError(
+                f"{path}: entry {number}: every value is a non-empty string"
+            )
+        entries.append(DroppedPatch(**entry))
+    return entries
+
+
+def append_history(root: Path, dropped: Iterable[DroppedPatch]) -> None:
+    """Append `dropped` to the history in one rename: the old text stays
+    byte for byte, so a `git diff` of the file only ever adds lines."""
+    dropped = list(dropped)
+    if not dropped:
+        return
+    path = root / HISTORY_FILE
+    read_history(root)
+    text = path.read_text(encoding="utf-8") if path.is_file() else _HEADER
+    for entry in dropped:
+        text += "\n[[dropped]]\n" + "".join(
+            f"{key} = {json.dumps(getattr(entry, key), ensure_ascii=False)}\n"
+            for key in _KEYS
+        )
+    scratch = path.with_name(f".{path.name}.tmp")
+    scratch.write_text(text, encoding="utf-8")
+    os.replace(scratch, path)

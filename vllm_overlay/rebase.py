@@ -1,0 +1,560 @@
+"""Move a series to another release: `vllm-overlay rebase FROM TO`.
+
+StGit's `rebase --merged` and Electron's 3-way apply, offline: a scratch git
+repository holds the files the FROM series touches as FROM ships them (tag
+`upstream`), the series as one commit a patch on top, and, on a branch from
+`upstream`, the same files as TO ships them (tag `upstream-to`). Each patch is
+cherry-picked onto that branch, so git merges with the real FROM blobs as the
+merge base (a real 3-way merge, which `status` cannot offer from a wheel):
+
+- a patch that reverse-applies on TO, or whose merge leaves nothing to commit,
+  was absorbed upstream, and so was a `Backport <release>` patch when TO is
+  that release or later (upstream's own form of the change is in TO, even
+  where it differs from the backport's text): it is dropped and recorded in the
+  append-only history file with the release that absorbed it;
+- a clean merge is kept, and re-exported against TO (trailers kept, context
+  refreshed, so it applies to TO exactly);
+- a conflict stops the run with a report (patch, file, each conflicting hunk
+  with the TO side, the merge base and the patch's side) and leaves the
+  repository and a state file under `.vllm-overlay/rebase/` of the checkout,
+  to be resolved there and resumed with `--continue` (or `--skip` the patch,
+  or `--abort`).
+
+Nothing under `patches/` is written before every patch has been replayed; then
+the TO series directory appears whole (see `export.write_exported`) and the
+history file is replaced in one rename.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.export import (
+    UPSTREAM_TAG,
+    commit_identity,
+    export_series,
+    git,
+    git_env,
+    materialize,
+    pristine_files,
+    write_exported,
+)
+from vllm_overlay.fetch import fetch_sdist_tree, fetch_wheel
+from vllm_overlay.history import DroppedPatch, append_history
+from vllm_overlay.locations import cache_root, patches_root
+from vllm_overlay.pins import ReleasePin, resolve_release
+from vllm_overlay.release import pinned_releases
+from vllm_overlay.series import Patch, Series, load_series, series_dir
+
+STATE_DIR = Path(".vllm-overlay") / "rebase"
+TARGET_TAG = "upstream-to"
+_STATE_FILE = "state.json"
+_REPORT_FILE = "conflict.txt"
+# git's conflict markers (diff3 style) and their place: 0 opens the TO side,
+# 1 the merge base, 2 the patch's side, 3 closes.
+_MARKERS = ((0, "<<<<<<< "), (1, "||||||| "), (3, ">>>>>>> "))
+_UNMERGED_STATES = {
+    "UU": "both changed it",
+    "AA": "both created it",
+    "DU": "vLLM {to} deleted it; the patch changes it",
+    "UD": "the patch deletes it; vLLM {to} changed it",
+    "AU": "the patch created it; vLLM {to} has it",
+    "UA": "vLLM {to} created it; the patch has it",
+    "DD": "both deleted it",
+}
+
+
+@dataclass
+class RebaseState:
+    """What a stopped rebase needs to go on: saved as JSON next to its repo."""
+
+    from_release: str
+    to_release: str
+    commits: dict[str, str]
+    pending: list[str]
+    kept: list[str] = field(default_factory=list)
+    dropped: list[dict[str, str]] = field(default_factory=list)
+    current: str | None = None
+
+
+@dataclass(frozen=True)
+class ConflictHunk:
+    """One conflict region of a file: the TO side, the merge base and the
+    patch's side, as git left them between its markers."""
+
+    line: int
+    upstream: str
+    base: str
+    patch: str
+
+
+@dataclass(frozen=True)
+class FileConflict:
+    path: str
+    how: str
+    hunks: tuple[ConflictHunk, ...]
+
+
+@dataclass(frozen=True)
+class RebaseOutcome:
+    """Either finished (`directory` written) or stopped at `conflicts`."""
+
+    from_release: str
+    to_release: str
+    kept: tuple[str, ...]
+    dropped: tuple[DroppedPatch, ...]
+    directory: Path | None = None
+    stopped_at: str | None = None
+    conflicts: tuple[FileConflict, ...] = ()
+    repo: Path | None = None
+
+
+def state_dir(root: Path) -> Path:
+    """Where a stopped rebase waits: in the checkout that holds `root`."""
+    return root.parent / STATE_DIR
+
+
+def start_rebase(
+    from_version: str,
+    to_version: str,
+    root: Path | None = None,
+    cache: Path | None = None,
+) -> RebaseOutcome:
+    """`vllm-overlay rebase FROM TO`: every check before any download, so a
+    bad argument costs nothing and leaves nothing behind."""
+    root = root or patches_root()
+    cache = cache or cache_root()
+    _refuse_in_progress(root)
+    _check_work_tree(root)
+    pins = pinned_releases(root)
+    source = resolve_release(pins, from_version)
+    target = resolve_release(pins, to_version)
+    if source.version == target.version:
+        raise OverlayError(f"FROM and TO are the same release ({source.version})")
+    series = load_series(root, source)
+    existing = series_dir(root, target.version)
+    if existing.exists():
+        raise OverlayError(
+            f"vLLM {target.version} already has a series ({existing}); rebase "
+            "writes a new one: remove it first (git keeps the old one)"
+        )
+    state_path = state_dir(root)
+    repo = state_path / "repo"
+    _progress(
+        f"rebasing the {source.version} series ({len(series.patches)} patches) "
+        f"onto vLLM {target.version}"
+    )
+    try:
+        from_files = _release_files(series, source, cache)
+        to_files = _release_files(series, target, cache)
+        state_path.mkdir(parents=True)
+        commits = _build_repo(series, from_files, to_files, target.version, repo)
+    except BaseException:
+        shutil.rmtree(state_path, ignore_errors=True)
+        raise
+    state = RebaseState(
+        source.version, target.version, commits, [p.name for p in series.patches]
+    )
+    _save(state, root)
+    return _replay(state, root)
+
+
+def continue_rebase(root: Path | None = None) -> RebaseOutcome:
+    """`--continue`: commit the maintainer's resolution of the stopped patch
+    (or drop it when the resolution is to change nothing), then go on."""
+    root = root or patches_root()
+    state, repo = _load(root)
+    if state.current is not None:
+        _commit_resolution(state, repo)
+        _save(state, root)
+    return _replay(state, root)
+
+
+def skip_patch(root: Path | None = None) -> RebaseOutcome:
+    """`--skip`: drop the stopped patch (recorded in the history with the
+    maintainer's decision as the reason), then go on."""
+    root = root or patches_root()
+    state, repo = _load(root)
+    if state.current is None:
+        raise OverlayError("the rebase is not stopped at a patch; nothing to skip")
+    if _cherry_pick_in_progress(repo):
+        git(repo, "cherry-pick", "--abort")
+    _drop(state, state.current, "skipped by the maintainer at a merge conflict")
+    state.current = None
+    _save(state, root)
+    return _replay(state, root)
+
+
+def abort_rebase(root: Path | None = None) -> str:
+    """`--abort`: forget the rebase; `patches/` was never written."""
+    root = root or patches_root()
+    path = state_dir(root)
+    if not (path / _STATE_FILE).is_file():
+        raise OverlayError("no rebase in progress")
+    try:
+        saved = json.loads((path / _STATE_FILE).read_text(encoding="utf-8"))
+        label = f"{saved['from_release']} -> {saved['to_release']}"
+    except (ValueError, KeyError, TypeError):
+        label = "(its state file was unreadable)"
+    shutil.rmtree(path)
+    return label
+
+
+def _refuse_in_progress(root: Path) -> None:
+    path = state_dir(root)
+    if path.exists():
+        raise OverlayError(
+            f"a rebase is already in progress ({path}); finish it with "
+            "`vllm-overlay rebase --continue` or `--skip`, or drop it with `--abort`"
+        )
+
+
+def _check_work_tree(root: Path) -> None:
+    """The series is written into a git work tree whose `patches/` has no
+    uncommitted change: the result is reviewed with `git diff`, and nothing a
+    maintainer has not committed is overwritten."""
+    if not root.is_dir():
+        raise OverlayError(f"{root} does not exist: no series work tree to write into")
+    proc = subprocess.run(
+        ["git", "status", "--porcelain", "--", "."],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise OverlayError(
+            f"{root} is not in a git work tree; rebase writes the new series "
+            "there for review with `git diff`"
+        )
+    if proc.stdout.strip():
+        first = proc.stdout.splitlines()[0][3:]
+        raise OverlayError(
+            f"{root} has uncommitted changes ({first}, ...); commit or stash them first"
+        )
+
+
+def _release_files(
+    series: Series, release: ReleasePin, cache: Path
+) -> dict[str, bytes]:
+    """The files `series` touches as `release` ships them: `vllm/` from the
+    pinned wheel, `tests/` from the pinned sdist (only when needed)."""
+    wheel = fetch_wheel(release, release.wheel_for("vllm"), cache)
+    sdist = fetch_sdist_tree(release, cache) if series.upstream_test_files else None
+    return pristine_files(series, wheel, sdist)
+
+
+def _build_repo(
+    series: Series,
+    from_files: Mapping[str, bytes],
+    to_files: Mapping[str, bytes],
+    to_version: str,
+    repo: Path,
+) -> dict[str, str]:
+    """The scratch repository (see the module docstring); returns each patch's
+    commit on the FROM side."""
+    materialize(series, from_files, repo)
+    picks = git(repo, "rev-list", "--reverse", f"{UPSTREAM_TAG}..HEAD").split()
+    git(repo, "checkout", "-q", "-b", "rebased", UPSTREAM_TAG)
+    for name in from_files:
+        if name not in to_files:
+            (repo / name).unlink()
+    for name, content in to_files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_bytes(content)
+    git(repo, "add", "-A")
+    git(
+        repo,
+        *("commit", "-q", "--allow-empty", "-m", f"upstream {to_version}"),
+        env=commit_identity(),
+    )
+    git(repo, "tag", TARGET_TAG)
+    return {
+        patch.name: commit for patch, commit in zip(series.patches, picks, strict=True)
+    }
+
+
+def _replay(state: RebaseState, root: Path) -> RebaseOutcome:
+    """Cherry-pick the pending patches one by one; stop at the first conflict,
+    else write the TO series and the history and remove the state."""
+    repo = state_dir(root) / "repo"
+    patches = _from_patches(state, root)
+    while state.pending:
+        name = state.pending[0]
+        reason = _pick(repo, patches[name], state.commits[name], state.to_release)
+        state.pending.pop(0)
+        if reason == "conflict":
+            state.current = name
+            _save(state, root)
+            conflicts = conflicts_in(repo, state.to_release)
+            outcome = _outcome(
+                state, root, stopped_at=name, conflicts=conflicts, repo=repo
+            )
+            (state_dir(root) / _REPORT_FILE).write_text(
+                format_conflicts(outcome), encoding="utf-8"
+            )
+            return outcome
+        if reason:
+            _drop(state, name, reason)
+        else:
+            state.kept.append(name)
+        _save(state, root)
+    return _finish(state, root)
+
+
+def _from_patches(state: RebaseState, root: Path) -> dict[str, Patch]:
+    """The FROM series' patches by name: their trailers go into the history."""
+    pins = pinned_releases(root)
+    series = load_series(root, resolve_release(pins, state.from_release))
+    return {patch.name: patch for patch in series.patches}
+
+
+def _pick(repo: Path, patch: Patch, commit: str, to_version: str) -> str | None:
+    """Replay one patch: None when kept, "conflict", or why it was dropped."""
+    backported = backport_release(patch)
+    if backported is not None and backported <= Version(to_version):
+        return (
+            f"Upstream-Status: Backport {backported}: vLLM {to_version} has the "
+            "upstream change"
+        )
+    if _reverse_applies(repo, patch):
+        return f"reverse-applies: vLLM {to_version} already has the change"
+    proc = _git_run(
+        repo,
+        *("-c", "merge.conflictStyle=diff3"),
+        *("cherry-pick", "--keep-redundant-commits", commit),
+    )
+    if proc.returncode != 0:
+        if _unmerged(repo):
+            return "conflict"
+        lines = (proc.stderr or proc.stdout).strip().splitlines() or ["failed"]
+        raise OverlayError(f"git cherry-pick of {patch.name} in {repo}: {lines[-1]}")
+    if _git_run(repo, "diff", "--quiet", "HEAD^", "HEAD").returncode == 0:
+        git(repo, "reset", "-q", "--hard", "HEAD^")
+        return f"empty after a 3-way merge: vLLM {to_version} already has the change"
+    return None
+
+
+def backport_release(patch: Patch) -> Version | None:
+    """The release a `Backport <release>` patch was taken from; None for any
+    other status, or a backport of a commit (which no version orders)."""
+    kind, _, source = patch.upstream_status.partition(" ")
+    if kind != "Backport":
+        return None
+    try:
+        return Version(source.strip().removeprefix("v"))
+    except InvalidVersion:
+        return None
+
+
+def _reverse_applies(repo: Path, patch: Patch) -> bool:
+    return (
+        _git_run(repo, "apply", "--check", "--reverse", str(patch.path)).returncode == 0
+    )
+
+
+def _commit_resolution(state: RebaseState, repo: Path) -> None:
+    """Accept the maintainer's resolution of `state.current`: every conflict
+    resolved and staged, no marker left; an empty result drops the patch."""
+    name = state.current
+    if not _cherry_pick_in_progress(repo):
+        raise OverlayError(
+            f"{repo} is no longer cherry-picking {name}; "
+            "`vllm-overlay rebase --skip` or `--abort`"
+        )
+    unmerged = _unmerged(repo)
+    if unmerged:
+        raise OverlayError(
+            f"{name}: still unmerged in {repo}: {', '.join(unmerged)} "
+            "(resolve, then `git add` them)"
+        )
+    if _git_run(repo, "diff", "--quiet").returncode != 0:
+        raise OverlayError(f"{name}: {repo} has unstaged changes; `git add` them first")
+    marked = _files_with_markers(repo)
+    if marked:
+        raise OverlayError(f"{name}: conflict markers left in {', '.join(marked)}")
+    if _git_run(repo, "diff", "--cached", "--quiet", "HEAD").returncode == 0:
+        git(repo, "cherry-pick", "--skip")
+        _drop(state, name, "empty after the maintainer resolved its merge conflict")
+    else:
+        git(
+            repo,
+            "cherry-pick",
+            "--continue",
+            env={"GIT_EDITOR": "true", **commit_identity()},
+        )
+        state.kept.append(name)
+    state.current = None
+
+
+def _cherry_pick_in_progress(repo: Path) -> bool:
+    return (
+        _git_run(repo, "rev-parse", "-q", "--verify", "CHERRY_PICK_HEAD").returncode
+        == 0
+    )
+
+
+def _unmerged(repo: Path) -> list[str]:
+    return git(repo, "diff", "--name-only", "--diff-filter=U").split()
+
+
+def _files_with_markers(repo: Path) -> list[str]:
+    staged = git(repo, "diff", "--cached", "--name-only", "HEAD").split()
+    return [
+        name
+        for name in staged
+        if (repo / name).is_file()
+        and _conflict_hunks((repo / name).read_text(encoding="utf-8", errors="replace"))
+    ]
+
+
+def conflicts_in(repo: Path, to_version: str) -> tuple[FileConflict, ...]:
+    """Every unmerged file of the stopped cherry-pick, with its hunks."""
+    conflicts = []
+    for line in git(repo, "status", "--porcelain").splitlines():
+        code, path = line[:2], line[3:]
+        if code not in _UNMERGED_STATES:
+            continue
+        how = _UNMERGED_STATES[code].format(to=to_version)
+        target = repo / path
+        text = (
+            target.read_text(encoding="utf-8", errors="replace")
+            if target.is_file()
+            else ""
+        )
+        conflicts.append(FileConflict(path, how, _conflict_hunks(text)))
+    return tuple(conflicts)
+
+
+def _conflict_hunks(text: str) -> tuple[ConflictHunk, ...]:
+    """The diff3-style conflict regions of `text`: TO side, base, patch side."""
+    hunks = []
+    sides: list[list[str]] | None = None
+    side = start = 0
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        marker = _marker(line)
+        if sides is None:
+            if marker == 0:
+                sides, side, start = [[], [], []], 0, number
+        elif marker in (1, 2):
+            side = marker
+        elif marker == 3:
+            hunks.append(ConflictHunk(start, *("".join(s) for s in sides)))
+            sides = None
+        else:
+            sides[side].append(line)
+    return tuple(hunks)
+
+
+def _marker(line: str) -> int | None:
+    """Which of git's conflict markers `line` is, if any."""
+    if line.rstrip("\n") == "=======":
+        return 2
+    return next((place for place, m in _MARKERS if line.startswith(m)), None)
+
+
+def _drop(state: RebaseState, name: str, reason: str) -> None:
+    state.dropped.append({"patch": name, "reason": reason})
+
+
+def _finish(state: RebaseState, root: Path) -> RebaseOutcome:
+    """Write the TO series and append the dropped patches to the history;
+    the state goes last, so a failure here can be resumed."""
+    repo = state_dir(root) / "repo"
+    exported = export_series(
+        repo,
+        TARGET_TAG,
+        state.to_release,
+        root,
+        names_from=series_dir(root, state.from_release),
+        allow_empty=True,
+    )
+    directory, _ = write_exported(exported, state.to_release, root)
+    outcome = _outcome(state, root, directory=directory)
+    append_history(root, outcome.dropped)
+    shutil.rmtree(state_dir(root))
+    return outcome
+
+
+def _outcome(state: RebaseState, root: Path, **fields: object) -> RebaseOutcome:
+    patches = _from_patches(state, root)
+    dropped = tuple(
+        DroppedPatch.of(
+            patches[d["patch"]], state.from_release, state.to_release, d["reason"]
+        )
+        for d in state.dropped
+    )
+    return RebaseOutcome(
+        state.from_release, state.to_release, tuple(state.kept), dropped, **fields
+    )
+
+
+def format_conflicts(outcome: RebaseOutcome) -> str:
+    """The conflict report: enough to resolve without opening the repo."""
+    lines = [
+        f"{outcome.stopped_at} does not merge onto vLLM {outcome.to_release} "
+        f"(3-way, from {outcome.from_release}):"
+    ]
+    for conflict in outcome.conflicts:
+        lines.append(f"  {conflict.path}: {conflict.how}")
+        for number, hunk in enumerate(conflict.hunks, start=1):
+            lines.append(f"    conflict {number} at line {hunk.line}:")
+            for label, text in (
+                (f"vLLM {outcome.to_release}", hunk.upstream),
+                (f"vLLM {outcome.from_release} (merge base)", hunk.base),
+                ("the patch", hunk.patch),
+            ):
+                lines.append(f"      {label}:")
+                lines.extend(f"      | {ln}" for ln in text.splitlines() or [""])
+    lines += [
+        f"Resolve it in {outcome.repo}: edit the files, `git add` them, then run "
+        "`vllm-overlay rebase --continue`;",
+        "or `vllm-overlay rebase --skip` to drop the patch (recorded in the "
+        "history), or `--abort` to give up. Nothing under patches/ was written.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _load(root: Path) -> tuple[RebaseState, Path]:
+    path = state_dir(root)
+    if not (path / _STATE_FILE).is_file():
+        raise OverlayError("no rebase in progress")
+    state = RebaseState(**json.loads((path / _STATE_FILE).read_text(encoding="utf-8")))
+    repo = path / "repo"
+    if not (repo / ".git").is_dir():
+        raise OverlayError(
+            f"the rebase work tree {repo} is missing; `vllm-overlay rebase --abort`"
+        )
+    return state, repo
+
+
+def _save(state: RebaseState, root: Path) -> None:
+    """Write the state in one rename, so an interrupted run leaves the old one."""
+    path = state_dir(root) / _STATE_FILE
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(json.dumps(asdict(state), indent=2) + "\n", encoding="utf-8")
+    os.replace(scratch, path)
+
+
+def _git_run(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """git in the scratch repository, its exit status for the caller to read."""
+    return subprocess.run(
+        ["git", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **git_env(), **commit_identity()},
+        check=False,
+    )
+
+
+def _progress(message: str) -> None:
+    print(f"vllm-overlay: {message}", file=sys.stderr)
