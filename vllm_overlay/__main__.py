@@ -1,5 +1,5 @@
 import sys
 
-from vllm_overlay.cli import main
+from vllm_overlay.launcher import main
 
 sys.exit(main())

@@ -141,6 +141,15 @@ def _extract(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    # Imported here: it is the one command that loads vLLM.
+    from vllm_overlay.doctor import diagnose
+
+    report = diagnose(args.serve_args, with_series=not args.without_series)
+    print(report.render(), end="")
+    return report.exit_code
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-overlay",
@@ -217,6 +226,14 @@ def _parser() -> argparse.ArgumentParser:
         help="fail if the series is not what a refresh of itself writes",
     )
     refresh_cmd.set_defaults(func=_refresh)
+    # Only listed here: `vllm_overlay.launcher` runs `serve` before this
+    # parser exists, handing every argument after it to vLLM.
+    commands.add_parser(
+        "serve",
+        add_help=False,
+        help="`vllm serve ARGS...` with the series for the installed vLLM "
+        "active in every vLLM process (nothing is installed)",
+    )
     rebase_cmd = commands.add_parser(
         "rebase",
         help="replay a release's series onto another pinned release (3-way)",
@@ -257,10 +274,33 @@ def _parser() -> argparse.ArgumentParser:
         help="where the PR description and the mbox go (default: extract/)",
     )
     extract_cmd.set_defaults(func=_extract)
+    doctor = commands.add_parser(
+        "doctor",
+        help="say which `vllm serve` flags fail or silently degrade for hybrid "
+        "models with KV connectors, without starting vLLM",
+        usage="vllm-overlay doctor [--without-series] [--] [MODEL] [SERVE FLAGS...]",
+    )
+    doctor.add_argument(
+        "--without-series",
+        action="store_true",
+        help="judge plain `vllm serve` of an unpatched build (default: as "
+        "`vllm-overlay serve` runs it, with the series applied)",
+    )
+    doctor.add_argument(
+        "serve_args",
+        nargs=argparse.REMAINDER,
+        help="the arguments of `vllm serve` (a first flag needs `--` before it)",
+    )
+    doctor.set_defaults(func=_doctor)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        from vllm_overlay.launcher import main as launch
+
+        return launch(argv)
     args = _parser().parse_args(argv)
     try:
         return args.func(args)

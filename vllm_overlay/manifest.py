@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.wheelbuild import MANIFEST_FORMAT, MANIFEST_PATH
+
+# Where a patched build carries its series manifest, and its format.
+MANIFEST_PATH = "vllm/_overlay_series.json"
+MANIFEST_FORMAT = 1
 
 
 def installed_vllm_dir() -> Path:

@@ -3,12 +3,10 @@
 from pathlib import Path
 
 from vllm_overlay.fetch import fetch_wheel
-from vllm_overlay.locations import cache_root, patches_root
+from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.pins import ReleasePin, load_pins, resolve_release
 from vllm_overlay.series import Series, load_series
 from vllm_overlay.wheelbuild import SourceWheel, build_patched_wheel
-
-PINS_FILE = Path("vllm") / "releases.toml"
 
 
 def pinned_releases(root: Path | None = None) -> dict[str, ReleasePin]:

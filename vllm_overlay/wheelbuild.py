@@ -32,11 +32,10 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from vllm_overlay.applier import apply_series
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locking import exclusive
+from vllm_overlay.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 from vllm_overlay.series import PACKAGE_DIR, Series
 
 DIST_NAME = "vllm"
-MANIFEST_PATH = "vllm/_overlay_series.json"
-MANIFEST_FORMAT = 1
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
 _LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"
 _DATA_DESCRIPTOR_FLAG = 0x08

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_overlay.wheelbuild import MANIFEST_FORMAT, MANIFEST_PATH
+from vllm_overlay.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 
 pytest_plugins = ["pytester"]
 

