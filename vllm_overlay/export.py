@@ -63,11 +63,6 @@ _SERIES_HEADER = "# Patch series over vLLM {version}, applied in this order.\n"
 _NOT_SLUG = re.compile(r"[^a-z0-9]+")
 
 
-def git_env() -> dict[str, str]:
-    """The environment that keeps the user's and the system's git config out."""
-    return dict(_GIT_ENV)
-
-
 def commit_identity() -> dict[str, str]:
     """The fixed author and committer of the scratch repositories' commits."""
     return {
@@ -78,10 +73,12 @@ def commit_identity() -> dict[str, str]:
     }
 
 
-def git(repo: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
-    """Run git in `repo` without the user's config; a failure is an
-    `OverlayError` with git's own last line."""
-    proc = subprocess.run(
+def git_run(
+    repo: Path, *args: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run git in `repo` without the user's config, for a caller that reads
+    the exit status itself."""
+    return subprocess.run(
         ["git", *args],
         cwd=repo,
         capture_output=True,
@@ -89,6 +86,12 @@ def git(repo: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
         env={**os.environ, **_GIT_ENV, **(env or {})},
         check=False,
     )
+
+
+def git(repo: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
+    """Run git in `repo` without the user's config; a failure is an
+    `OverlayError` with git's own last line."""
+    proc = git_run(repo, *args, env=env)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines() or ["failed"]
         raise OverlayError(f"git {args[0]} in {repo}: {lines[-1]}")

@@ -27,6 +27,7 @@ from vllm_overlay.export import (
     commit_identity,
     format_patch_bytes,
     git,
+    git_run,
     materialize,
     pristine_files,
 )
@@ -201,13 +202,7 @@ def _contribution(
     materialize(replace(series, patches=series.patches[: index + 1]), originals, tree)
     tip = git(tree, "rev-parse", "HEAD").strip()
     git(tree, "checkout", "-q", "-b", "contribution", UPSTREAM_TAG)
-    picked = subprocess.run(
-        ["git", "cherry-pick", tip],
-        cwd=tree,
-        capture_output=True,
-        env={**os.environ, **commit_identity()},
-        check=False,
-    )
+    picked = git_run(tree, "cherry-pick", tip, env=commit_identity())
     if picked.returncode != 0:
         earlier = [
             p.name for p in series.patches[:index] if set(p.files) & set(patch.files)

@@ -42,7 +42,7 @@ from vllm_overlay.export import (
     commit_identity,
     export_series,
     git,
-    git_env,
+    git_run,
     materialize,
     pristine_files,
     write_exported,
@@ -545,15 +545,9 @@ def _save(state: RebaseState, root: Path) -> None:
 
 
 def _git_run(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """git in the scratch repository, its exit status for the caller to read."""
-    return subprocess.run(
-        ["git", *args],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **git_env(), **commit_identity()},
-        check=False,
-    )
+    """git in the scratch repository as its fixed identity, its exit status
+    for the caller to read."""
+    return git_run(repo, *args, env=commit_identity())
 
 
 def _progress(message: str) -> None:

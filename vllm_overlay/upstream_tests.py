@@ -14,6 +14,7 @@ module most often.
 import ast
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,15 +92,22 @@ def _closure(wanted: list[str], local: dict[str, str]) -> set[str]:
     missing = [name for name in wanted if name not in local]
     if missing:
         raise OverlayError(f"no probe module {', '.join(missing)} in {PROBES_DIR}")
-    needed: set[str] = set()
-    todo = [*wanted, *(["conftest"] if "conftest" in local else [])]
+    start = [*wanted, *(["conftest"] if "conftest" in local else [])]
+    return _reachable(
+        start, lambda name: (n for n in _imported_names(local[name]) if n in local)
+    )
+
+
+def _reachable(start: Iterable[str], edges: Callable[[str], Iterable[str]]) -> set[str]:
+    """`start` and every name reachable from it along `edges`."""
+    seen: set[str] = set()
+    todo = list(start)
     while todo:
         name = todo.pop()
-        if name in needed:
-            continue
-        needed.add(name)
-        todo.extend(n for n in _imported_names(local[name]) if n in local)
-    return needed
+        if name not in seen:
+            seen.add(name)
+            todo.extend(edges(name))
+    return seen
 
 
 def _imported_names(source: str) -> set[str]:
@@ -146,14 +154,10 @@ def _prune_fixtures(conftest: str, users: list[str]) -> str:
         and any(_is_fixture(d) for d in node.decorator_list)
     }
     used = set().union(*(_referenced_names(source) for source in users))
-    kept: set[str] = set()
-    todo = [n for n, node in fixtures.items() if n in used or _autouse(node)]
-    while todo:
-        name = todo.pop()
-        if name in kept:
-            continue
-        kept.add(name)
-        todo.extend(n for n in _referenced_names_of(fixtures[name]) if n in fixtures)
+    kept = _reachable(
+        (n for n, node in fixtures.items() if n in used or _autouse(node)),
+        lambda name: (n for n in _referenced_names_of(fixtures[name]) if n in fixtures),
+    )
     lines = conftest.splitlines(keepends=True)
     for name in sorted(set(fixtures) - kept, key=lambda n: -fixtures[n].lineno):
         node = fixtures[name]

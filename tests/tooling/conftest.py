@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_overlay.cli import main
 from vllm_overlay.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 
 pytest_plugins = ["pytester"]
@@ -26,6 +27,13 @@ Upstream-PR: none
 Drop-When: upstream validates the value itself
 Probe: tests/probes/test_demo.py::test_demo
 """
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """`vllm-overlay ARGV...` in this process: exit status, stdout, stderr."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def record_hash(content: bytes) -> str:

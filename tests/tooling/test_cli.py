@@ -5,9 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import RELEASE, make_wheel
-
-from vllm_overlay.cli import main
+from conftest import RELEASE, make_wheel, run_cli
 
 WHEEL = f"vllm-{RELEASE}-cp38-abi3-linux_x86_64.whl"
 
@@ -21,14 +19,8 @@ def offline(monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def assert_refused(capsys, dist: Path, *argv: str, message: str) -> None:
-    code, out, err = run(capsys, "build", *argv, "--out", str(dist))
+    code, out, err = run_cli(capsys, "build", *argv, "--out", str(dist))
     assert code == 1
     lines = err.strip().splitlines()
     assert lines[-1].startswith("vllm-overlay: error: ")
@@ -38,7 +30,7 @@ def assert_refused(capsys, dist: Path, *argv: str, message: str) -> None:
 
 
 def test_build_prints_the_wheel(project, tmp_path, capsys):
-    code, out, _ = run(capsys, "build", "--out", str(tmp_path / "dist"))
+    code, out, _ = run_cli(capsys, "build", "--out", str(tmp_path / "dist"))
     assert code == 0
     assert (
         Path(out.strip()).name
@@ -98,7 +90,7 @@ def test_downloaded_file_with_wrong_sha256(
 def test_corrupted_cache_is_not_used(project, tmp_path, capsys, offline):
     cached = project.cache / "wheels" / WHEEL
     cached.write_bytes(cached.read_bytes()[:-1] + b"!")
-    code, _, err = run(capsys, "build", "--out", str(tmp_path / "d"))
+    code, _, err = run_cli(capsys, "build", "--out", str(tmp_path / "d"))
     assert code == 1
     assert f"cached {cached} does not match its pinned sha256" in err
     assert "error: cannot download vllm==9.9.0" in err.splitlines()[-1]
@@ -108,15 +100,15 @@ def test_corrupted_cache_is_not_used(project, tmp_path, capsys, offline):
 def test_unwritable_dist(project, tmp_path, capsys):
     target = tmp_path / "d"
     target.write_text("")
-    code, _, err = run(capsys, "build", "--out", str(target))
+    code, _, err = run_cli(capsys, "build", "--out", str(target))
     assert code == 1
     assert "cannot write" in err
     assert target.read_text() == ""
 
 
 def test_lint_reports_problems_and_exit_code(project, capsys):
-    assert run(capsys, "lint")[0] == 0
+    assert run_cli(capsys, "lint")[0] == 0
     (project.series_dir / "stray.patch").write_text("x")
-    code, _, err = run(capsys, "lint")
+    code, _, err = run_cli(capsys, "lint")
     assert code == 1
     assert "stray.patch: not listed" in err

@@ -5,20 +5,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import RELEASE, SCHEDULER, TRAILERS
+from conftest import RELEASE, SCHEDULER, TRAILERS, run_cli
 
-from vllm_overlay.cli import main
 from vllm_overlay.export import UPSTREAM_TAG, materialize, pristine_files
 from vllm_overlay.lint import lint
 from vllm_overlay.release import release_series
 
 PATCH = "scheduler-demo.patch"
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
@@ -41,11 +34,11 @@ def commit(repo: Path, message: str, line: str = "line one, patched") -> None:
 
 
 def refresh(capsys, repo: Path, base: str = UPSTREAM_TAG) -> tuple[int, str, str]:
-    return run(capsys, "refresh", RELEASE, "--repo", str(repo), "--base", base)
+    return run_cli(capsys, "refresh", RELEASE, "--repo", str(repo), "--base", base)
 
 
 def test_fixture_series_round_trips(project, capsys):
-    code, out, _ = run(capsys, "refresh", RELEASE, "--check")
+    code, out, _ = run_cli(capsys, "refresh", RELEASE, "--check")
     assert code == 0
     assert "round-trips exactly" in out
 
@@ -64,7 +57,7 @@ def test_check_reports_a_hand_edited_patch(project, capsys, edit):
     path = project.series_dir / PATCH
     path.write_text(edit(path.read_text()))
     assert lint(project.patches) == []
-    code, _, err = run(capsys, "refresh", RELEASE, "--check")
+    code, _, err = run_cli(capsys, "refresh", RELEASE, "--check")
     assert code == 1
     assert f"differs from what refresh writes: {PATCH}" in err
 
@@ -72,7 +65,7 @@ def test_check_reports_a_hand_edited_patch(project, capsys, edit):
 def test_check_reports_a_hand_edited_series_file(project, capsys):
     series = project.series_dir / "series"
     series.write_text(series.read_text() + "\n")
-    code, _, err = run(capsys, "refresh", RELEASE, "--check")
+    code, _, err = run_cli(capsys, "refresh", RELEASE, "--check")
     assert code == 1
     assert "differs from what refresh writes: series" in err
 
@@ -98,7 +91,7 @@ def test_export_writes_the_series_and_is_stable(project, tree, capsys):
     code, out, _ = refresh(capsys, tree)
     assert "(no changes)" in out
     assert snapshot(project.series_dir) == written
-    assert run(capsys, "refresh", RELEASE, "--check")[0] == 0
+    assert run_cli(capsys, "refresh", RELEASE, "--check")[0] == 0
 
 
 def test_export_removes_patches_no_longer_in_the_tree(project, tree, capsys):
@@ -167,6 +160,6 @@ def test_no_commits_refused(project, tree, capsys):
 
 
 def test_refresh_needs_a_repo_or_check(project, capsys):
-    code, _, err = run(capsys, "refresh", RELEASE)
+    code, _, err = run_cli(capsys, "refresh", RELEASE)
     assert code == 1
     assert "needs --repo PATH and --base REF, or --check" in err

@@ -12,9 +12,8 @@ from conftest import (
     SCHEDULER_SOURCE,
     fake_release_env,
     format_patch,
+    run_cli,
 )
-
-from vllm_overlay.cli import main
 
 PATCH = "scheduler-demo.patch"
 PACKAGE = "tests/v1/core/scheduler_demo"
@@ -41,12 +40,6 @@ PROBE = """from demo_helper import PATCHED_LINE
 def test_demo(scheduler_text):
     assert PATCHED_LINE in scheduler_text
 """
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -88,7 +81,7 @@ def ready(project, tmp_path, identity):
 
 
 def extract(capsys, tmp_path, *argv: str) -> tuple[int, str, str]:
-    return run(capsys, "extract", PATCH, "--out", str(tmp_path / "out"), *argv)
+    return run_cli(capsys, "extract", PATCH, "--out", str(tmp_path / "out"), *argv)
 
 
 def test_mbox_and_description(ready, tmp_path, capsys):
@@ -199,7 +192,7 @@ def test_patch_needing_an_earlier_one_is_refused(ready, tmp_path, capsys):
             subject="scheduler: follow-up",
         ),
     )
-    code, out, err = run(
+    code, out, err = run_cli(
         capsys, "extract", "scheduler-follow-up", "--out", str(tmp_path / "out")
     )
     assert (code, out) == (1, "")
@@ -225,7 +218,7 @@ def test_unsuitable_checkout_is_refused(ready, tmp_path, capsys, setup, message)
 
 
 def test_unknown_patch_is_refused(ready, tmp_path, capsys):
-    code, _, err = run(capsys, "extract", "nope", "--out", str(tmp_path / "out"))
+    code, _, err = run_cli(capsys, "extract", "nope", "--out", str(tmp_path / "out"))
     assert code == 1
     assert (
         "no patch nope.patch in the vLLM 9.9.0 series (it has: scheduler-demo.patch)"

@@ -13,12 +13,12 @@ from conftest import (
     TRAILERS,
     format_patch,
     make_wheel,
+    run_cli,
     scheduler_edit,
     sha256_file,
 )
 
 from vllm_overlay.applier import apply_series
-from vllm_overlay.cli import main
 from vllm_overlay.history import HISTORY_FILE, read_history
 from vllm_overlay.lint import lint
 from vllm_overlay.rebase import state_dir
@@ -27,12 +27,6 @@ from vllm_overlay.release import release_series
 TO = "9.10.0"
 PATCH = "scheduler-demo.patch"
 PATCHED_LINE = "line twenty, patched"
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -83,7 +77,7 @@ def drifted(lines_on_top: int = 5) -> str:
 
 
 def rebase(capsys, *argv: str) -> tuple[int, str, str]:
-    return run(capsys, "rebase", *argv)
+    return run_cli(capsys, "rebase", *argv)
 
 
 def test_drifted_patch_is_kept_with_refreshed_context(checkout, capsys):
@@ -102,7 +96,7 @@ def test_drifted_patch_is_kept_with_refreshed_context(checkout, capsys):
     assert not state_dir(checkout.patches).exists()
     assert not (checkout.patches / HISTORY_FILE).exists()
     assert lint(checkout.patches) == []
-    assert run(capsys, "refresh", TO, "--check")[0] == 0
+    assert run_cli(capsys, "refresh", TO, "--check")[0] == 0
 
 
 def test_patch_upstream_already_has_is_dropped_and_recorded(checkout, capsys):
@@ -236,9 +230,7 @@ def test_abort_leaves_nothing(checkout, capsys):
     code, out, _ = rebase(capsys, "--abort")
     assert code == 0
     assert f"abandoned the rebase {RELEASE} -> {TO}" in out
-    assert not (checkout.root / ".vllm-overlay").exists() or not any(
-        (checkout.root / ".vllm-overlay").iterdir()
-    )
+    assert not state_dir(checkout.patches).exists()
     assert git(checkout.root, "status", "--porcelain", "patches") == ""
 
 

@@ -16,6 +16,7 @@ from conftest import (
     fake_release_env,
     format_patch,
     make_wheel,
+    run_cli,
     scheduler_edit,
 )
 
@@ -26,12 +27,6 @@ from vllm_overlay.pins import Artifact, ReleasePin
 from vllm_overlay.probing import probe_outcomes, probe_verdict
 from vllm_overlay.table import render_table
 from vllm_overlay.verdicts import VERDICTS_FILE, read_verdicts
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @dataclass
@@ -56,13 +51,13 @@ def upstream(monkeypatch, project) -> FakeIndex:
 
 
 def verdicts(capsys, *releases: str) -> list[dict]:
-    code, out, err = run(capsys, "status", "--json", *releases)
+    code, out, err = run_cli(capsys, "status", "--json", *releases)
     assert code == 0, err
     return json.loads(out)
 
 
 def test_pinned_release_applies_exactly(project, capsys):
-    code, out, err = run(capsys, "status")
+    code, out, err = run_cli(capsys, "status")
     assert code == 0, err
     header, row = out.splitlines()
     assert header.split() == ["release", "series", "patch", "verdict", "detail"]
@@ -122,11 +117,11 @@ def test_later_patches_see_earlier_ones(project, upstream, capsys):
 
 def test_unpinned_release_is_labelled_and_cached(project, upstream, capsys):
     upstream.releases["9.9.3"] = PATCHED
-    code, out, err = run(capsys, "status", "9.9.3")
+    code, out, err = run_cli(capsys, "status", "9.9.3")
     assert code == 0, err
     assert out.splitlines()[1].startswith("9.9.3 (unpinned)  9.9.0 ")
     assert "downloading vllm==9.9.3 (unpinned" in err
-    run(capsys, "status", "9.9.3")
+    run_cli(capsys, "status", "9.9.3")
     assert upstream.calls == ["9.9.3"]
 
 
@@ -134,7 +129,7 @@ def test_unknown_release_is_a_one_line_error(project, monkeypatch, capsys):
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
-    code, out, err = run(capsys, "status", "0.0.1")
+    code, out, err = run_cli(capsys, "status", "0.0.1")
     assert code == 1
     assert out == ""
     last = err.strip().splitlines()[-1]
@@ -142,7 +137,7 @@ def test_unknown_release_is_a_one_line_error(project, monkeypatch, capsys):
 
 
 def test_not_a_version_is_refused_before_any_download(project, capsys):
-    code, _, err = run(capsys, "status", "latest")
+    code, _, err = run_cli(capsys, "status", "latest")
     assert code == 1
     assert err == "vllm-overlay: error: 'latest' is not a version number\n"
 
@@ -162,7 +157,7 @@ def test_nearest_series_is_the_greatest_pinned_release_not_after():
 
 def test_probe_fails_on_the_unpatched_release(project, tmp_path, capsys):
     fake_release_env(project, tmp_path)
-    code, out, err = run(capsys, "status", "--probe")
+    code, out, err = run_cli(capsys, "status", "--probe")
     assert code == 0, err
     header, row = out.splitlines()
     assert header.split()[3:] == ["verdict", "probe", "detail"]
@@ -177,7 +172,7 @@ def test_environment_of_another_release_is_no_environment(project, tmp_path, cap
 
 
 def test_without_environment_the_probe_is_not_run(project, capsys):
-    code, out, err = run(capsys, "status", "--probe", "--json")
+    code, out, err = run_cli(capsys, "status", "--probe", "--json")
     assert code == 0, err
     (row,) = json.loads(out)
     assert row["probe"] == "no environment (run tools/test.sh 9.9.0)"
@@ -227,7 +222,7 @@ def test_probe_outcomes_from_junit(tmp_path):
 
 def test_record_keeps_the_verdict_for_patches_md(project, upstream, capsys):
     table = project.root / "PATCHES.md"
-    code, _, err = run(capsys, "status", "--record")
+    code, _, err = run_cli(capsys, "status", "--record")
     assert code == 0, err
     assert "recorded the verdicts for 9.9.0 in PATCHES.md" in err
     recorded = read_verdicts(project.patches)
@@ -240,14 +235,14 @@ def test_record_keeps_the_verdict_for_patches_md(project, upstream, capsys):
 
 def test_record_ignores_unpinned_rows(project, upstream, capsys):
     upstream.releases["9.9.3"] = PATCHED
-    code, _, err = run(capsys, "status", "--record", "9.9.3")
+    code, _, err = run_cli(capsys, "status", "--record", "9.9.3")
     assert code == 1
     assert "--record keeps verdicts of pinned releases only" in err
     assert read_verdicts(project.patches) == {}
 
 
 def test_an_edited_patch_shows_a_stale_verdict(project, capsys):
-    assert run(capsys, "status", "--record")[0] == 0
+    assert run_cli(capsys, "status", "--record")[0] == 0
     path = project.series_dir / "scheduler-demo.patch"
     path.write_text(path.read_text().replace("Why.", "Why, really."))
     assert "| stale: the patch changed after the check of " in render_table(
