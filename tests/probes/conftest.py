@@ -48,6 +48,11 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+# A release without MultiConnector load weights rejects the key in a child's
+# entry; the probes of the selection leave it out there, so that they reach
+# (and fail on) the selection itself.
+LOAD_WEIGHT_KNOWN = "load_weight" in KVTransferConfig.__dataclass_fields__
+
 BLOCK_SIZE = 16
 NUM_GPU_BLOCKS = 256
 MAX_MODEL_LEN = 1024
@@ -73,7 +78,10 @@ _TINY_LLAMA_CONFIG: dict[str, Any] = {
 
 class MakeVllmConfig(Protocol):
     def __call__(
-        self, kv_transfer_config: KVTransferConfig | None, mamba_cache_mode: str = ...
+        self,
+        kv_transfer_config: KVTransferConfig | None,
+        mamba_cache_mode: str = ...,
+        model_dir: Path | None = ...,
     ) -> VllmConfig: ...
 
 
@@ -108,13 +116,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def make_vllm_config(tiny_model_dir: Path) -> MakeVllmConfig:
-    """Build a real `VllmConfig` for the tiny model and a KV transfer config."""
+    """Build a real `VllmConfig` for the tiny model (or the model config in
+    `model_dir`) and a KV transfer config."""
 
     def make(
-        kv_transfer_config: KVTransferConfig | None, mamba_cache_mode: str = "none"
+        kv_transfer_config: KVTransferConfig | None,
+        mamba_cache_mode: str = "none",
+        model_dir: Path | None = None,
     ) -> VllmConfig:
         model_config = ModelConfig(
-            model=str(tiny_model_dir),
+            model=str(model_dir or tiny_model_dir),
             skip_tokenizer_init=True,
             dtype="float32",
             seed=0,

@@ -1,10 +1,11 @@
 """A stand-in for LMCache's vLLM adapter, for the LMCache probes.
 
 `LMCacheConnectorV1` builds its adapter, `LMCacheConnectorV1Impl`, from the
-`lmcache` package, which the probe environments do not install.
-`install_fake_adapter` puts a module of that name in `sys.modules`, so the real
-connector, patched or not, imports the fake in its constructor and drives it as
-it would drive LMCache's.
+`lmcache` package. `install_fake_adapter` puts a module of that name in
+`sys.modules`, so the real connector, patched or not, imports the fake in its
+constructor and drives it as it would drive LMCache's; the probes can then
+see what the connector asks and hands it, with or without lmcache installed.
+`test_lmcache_real_adapter.py` drives the real lmcache package.
 
 The fake keeps the scheduler-side load bookkeeping of vLLM's in-tree adapter
 (`lmcache_integration/vllm_v1_adapter.py`): only its lookup in
@@ -41,8 +42,11 @@ class FakeLMCacheAdapter:
     the connector asks and hands it."""
 
     matched_tokens = 0
+    # Every adapter built, by the subclass `install_fake_adapter` returns.
+    instances: list[FakeLMCacheAdapter]
 
     def __init__(self, vllm_config: Any, role: Any, parent: Any) -> None:
+        type(self).instances.append(self)
         self.parent = parent
         self.lookups: list[str] = []
         self.allocated: dict[str, int] = {}
@@ -96,9 +100,11 @@ def install_fake_adapter(
     monkeypatch: pytest.MonkeyPatch, **attributes: Any
 ) -> type[FakeLMCacheAdapter]:
     """Make `LMCacheConnectorV1` build a `FakeLMCacheAdapter` subclass with
-    `attributes` (e.g. `matched_tokens`, `restores_recurrent_state`) for the
-    rest of the test, and return that subclass."""
-    adapter_cls = type("ProbeLMCacheAdapter", (FakeLMCacheAdapter,), attributes)
+    `attributes` (e.g. `matched_tokens`) for the rest of the test, and return
+    that subclass; its `instances` lists every adapter the connector built."""
+    adapter_cls = type(
+        "ProbeLMCacheAdapter", (FakeLMCacheAdapter,), {"instances": [], **attributes}
+    )
     parts = ADAPTER_MODULE.split(".")
     for depth in range(1, len(parts)):
         package = ".".join(parts[:depth])

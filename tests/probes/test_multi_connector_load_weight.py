@@ -6,7 +6,14 @@ behind it (a disk tier holding 60k). Patched, a child's entry in
 `kv_connector_extra_config["connectors"]` may set `load_weight`; when any
 does, the child with the highest new-matched-tokens x weight loads (unset
 weights are 1.0, ties go to the earlier child). Without weights the choice
-is upstream's. An unusable weight is a start-up error naming the child.
+is upstream's. `load_weight` is a field of a child's KVTransferConfig, so
+every place that builds a child's config from its entry accepts it, and an
+unusable weight is an error naming the child when the MultiConnector's config
+is built, before any model loads.
+
+On a release without weights, the probes of the selection leave the key out
+(`LOAD_WEIGHT_KNOWN`), so that they fail on the selection itself, not on the
+config rejecting the key; that rejection is its own probe.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import math
 from typing import Any
 
 import pytest
-from conftest import MakeRequest, MakeScheduler, MakeVllmConfig
+from conftest import LOAD_WEIGHT_KNOWN, MakeRequest, MakeScheduler, MakeVllmConfig
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scheduler_side_connector import RecordingHMAChild
@@ -52,12 +59,19 @@ class ScriptedChild(RecordingHMAChild):
     ) -> tuple[int | None, bool]:
         return self._matched_tokens, False
 
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: KVTransferConfig) -> bool:
+        return True
+
 
 def multi_connector_config(
-    children: list[tuple[int | None, Any]], sources: tuple[str, ...] = ()
+    children: list[tuple[int | None, Any]],
+    sources: tuple[str, ...] = (),
+    always_weigh: bool = False,
 ) -> KVTransferConfig:
     """A MultiConnector over scripted children given as (hit, load_weight);
-    a load_weight of UNSET leaves the key out."""
+    a load_weight of UNSET leaves the key out, and so does a release without
+    weights unless `always_weigh`."""
     entries = []
     for i, (hit, weight) in enumerate(children):
         extra = {"matched_tokens": hit}
@@ -69,7 +83,7 @@ def multi_connector_config(
             "kv_connector_module_path": __name__,
             "kv_connector_extra_config": extra,
         }
-        if weight is not UNSET:
+        if weight is not UNSET and (LOAD_WEIGHT_KNOWN or always_weigh):
             entry["load_weight"] = weight
         entries.append(entry)
     return KVTransferConfig(
@@ -125,32 +139,49 @@ def test_hit_sources_follow_the_weighted_winner(
     assert sources == {CacheHitSource.DISK: 4 * block_size}
 
 
+def test_child_entry_with_load_weight_builds_a_child_config() -> None:
+    """Every place that builds a child's KVTransferConfig from its entry
+    (MultiConnector itself, its class methods, a model such as 0.33's Step5)
+    passes the whole entry; upstream's config rejects the unknown key."""
+    child = KVTransferConfig(
+        kv_connector="ScriptedChild", kv_role="kv_both", load_weight=2.0
+    )
+    assert child.load_weight == 2.0
+
+
 @pytest.mark.skipif(
     not hasattr(MultiConnector, "supports_sleep_mode"),
     reason="MultiConnector answers sleep-mode support from 0.33.0 on",
 )
 def test_sleep_mode_support_with_weighted_children() -> None:
     """VllmConfig asks the connector class about sleep mode when it is on;
-    MultiConnector builds each child's config for that, and a child's
-    `load_weight` must not reach it (its config rejects unknown fields)."""
-    weighted = multi_connector_config([(0, UNSET), (0, 2.0)])
-    unweighted = multi_connector_config([(0, UNSET), (0, UNSET)])
-    assert MultiConnector.supports_sleep_mode(weighted) == (
-        MultiConnector.supports_sleep_mode(unweighted)
-    )
+    MultiConnector builds each child's config for that. Children that support
+    sleep mode do so with a weight too."""
+    weighted = multi_connector_config([(0, UNSET), (0, 2.0)], always_weigh=True)
+    assert MultiConnector.supports_sleep_mode(weighted) is True
 
 
 @pytest.mark.parametrize(
-    "weight", [-1.0, 0, 0.0, math.nan, math.inf, "2", True, None, [1.0]]
+    "weight",
+    [
+        -1.0,
+        0,
+        0.0,
+        math.nan,
+        math.inf,
+        pytest.param(10**400, id="10**400"),
+        "2",
+        True,
+        None,
+        [1.0],
+    ],
 )
-def test_invalid_load_weight_fails_at_start_up(
-    make_scheduler: MakeScheduler, weight: Any
-) -> None:
-    """Negative, zero, NaN, infinite or non-numeric: a configuration error
-    that names the child, when the engine's connector is created."""
-    config = multi_connector_config([(0, 1.0), (0, weight)])
+def test_invalid_load_weight_fails_when_the_config_is_built(weight: Any) -> None:
+    """Negative, zero, NaN, infinite, too large for a float or not a number:
+    a configuration error that names the child, raised when the
+    MultiConnector's config is built, before any model loads."""
     with pytest.raises(ValueError, match=r"child 1 \(ScriptedChild\).*load_weight"):
-        make_scheduler(config)
+        multi_connector_config([(0, 1.0), (0, weight)], always_weigh=True)
 
 
 # What one child answers: None ("not known yet") now and then, else a hit.

@@ -9,8 +9,11 @@ restore the lagging recurrent state (`supports_divergent_local_hybrid_hits`,
 NixlConnector). Upstream's MultiConnector claims that capability only when
 every child has it, so NixlConnector plus an offloading child re-pulls the
 whole prompt and allocates the cached prefix a second time. Patched, the
-MultiConnector answers per request: a P/D decode request uses the
-full-attention hit and loads from the capable child, and from it alone.
+MultiConnector answers per request: a P/D decode request of a hybrid model
+uses the full-attention hit, and when that hit diverged (the recurrent group
+lags) it loads from the capable child alone. Everything else, a non-hybrid
+model or a hit that did not diverge, keeps upstream's selection, and the
+weighted one where children set `load_weight`.
 
 The children stand in for NixlConnector's scheduler side (`PullChild`: pulls
 every prompt token not computed locally, asynchronously) and an offloading
@@ -20,7 +23,7 @@ tier (`StoreChild`: a fixed synchronous hit, no recurrent-state restore).
 from __future__ import annotations
 
 import pytest
-from conftest import MakeScheduler
+from conftest import LOAD_WEIGHT_KNOWN, MakeScheduler
 from scheduler_side_connector import RecordingHMAChild
 from vllm.config import KVTransferConfig
 from vllm.sampling_params import SamplingParams
@@ -79,22 +82,37 @@ class StoreChild(RecordingHMAChild):
         return max(extra_config["matched_tokens"] - num_computed_tokens, 0), False
 
 
-def multi_connector_config(*children: tuple[str, int]) -> KVTransferConfig:
-    """A MultiConnector over probe children given as (class name, hit)."""
+class IdleCapableChild(PullChild):
+    """A P/D child that has nothing to pull for any request."""
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        return 0, False
+
+
+def multi_connector_config(
+    *children: tuple[str, int], weights: tuple[float, ...] = ()
+) -> KVTransferConfig:
+    """A MultiConnector over probe children given as (class name, hit), with
+    a `load_weight` each where `weights` are given (left out on a release
+    that rejects the key, so that a probe reaches the selection itself)."""
+    entries: list[dict] = [
+        {
+            "kv_connector": name,
+            "kv_role": "kv_both",
+            "kv_connector_module_path": __name__,
+            "kv_connector_extra_config": {"matched_tokens": hit},
+        }
+        for name, hit in children
+    ]
+    if LOAD_WEIGHT_KNOWN:
+        for entry, weight in zip(entries, weights, strict=False):
+            entry["load_weight"] = weight
     return KVTransferConfig(
         kv_connector="MultiConnector",
         kv_role="kv_both",
-        kv_connector_extra_config={
-            "connectors": [
-                {
-                    "kv_connector": name,
-                    "kv_role": "kv_both",
-                    "kv_connector_module_path": __name__,
-                    "kv_connector_extra_config": {"matched_tokens": hit},
-                }
-                for name, hit in children
-            ]
-        },
+        kv_connector_extra_config={"connectors": entries},
     )
 
 
@@ -176,13 +194,17 @@ def test_decode_request_keeps_local_full_attention_prefix(
 def test_decode_request_loads_only_from_capable_child(
     make_hybrid_scheduler: MakeScheduler, block_size: int
 ) -> None:
-    """A store child listed first with a hit must not load a P/D decode
-    request: its tokens would come without the matching recurrent state.
-    The P/D child loads the request, as upstream's NixlConnector alone would."""
-    store_hit = 2 * block_size
+    """The local hit diverged (full attention P tokens, recurrent state 0): a
+    store child listed first, with a hit beyond P, must not load the P/D
+    decode request, since its tokens would come without the matching
+    recurrent state. The P/D child pulls the rest, as upstream's
+    NixlConnector alone would (upstream's common hit is 0, so the store
+    child loads)."""
+    store_hit = (CACHED_BLOCKS + 2) * block_size
     scheduler = make_hybrid_scheduler(
         multi_connector_config(("StoreChild", store_hit), ("PullChild", 0))
     )
+    cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
     prompt_tokens = PROMPT_BLOCKS * block_size
     request = make_prompt_request("decode", prompt_tokens, block_size, True)
     scheduler.add_request(request)
@@ -193,7 +215,104 @@ def test_decode_request_loads_only_from_capable_child(
         "store": store.allocated_external_tokens["decode"],
         "pull": pull.allocated_external_tokens["decode"],
     }
-    assert loaded == {"store": 0, "pull": prompt_tokens}
+    assert loaded == {"store": 0, "pull": prompt_tokens - CACHED_BLOCKS * block_size}
+
+
+def test_weights_do_not_move_a_diverged_decode_request_off_its_capable_child(
+    make_hybrid_scheduler: MakeScheduler, block_size: int
+) -> None:
+    """On a diverged hit only the capable child can restore the recurrent
+    state, so a store child's weight, however large, does not make it load."""
+    store_hit = (CACHED_BLOCKS + 2) * block_size
+    scheduler = make_hybrid_scheduler(
+        multi_connector_config(
+            ("StoreChild", store_hit), ("PullChild", 0), weights=(100.0, 1.0)
+        )
+    )
+    cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
+    prompt_tokens = PROMPT_BLOCKS * block_size
+    scheduler.add_request(
+        make_prompt_request("decode", prompt_tokens, block_size, True)
+    )
+    scheduler.schedule()
+
+    store, pull = children(scheduler)
+    assert (
+        store.allocated_external_tokens["decode"],
+        pull.allocated_external_tokens["decode"],
+    ) == (0, prompt_tokens - CACHED_BLOCKS * block_size)
+
+
+def test_undiverged_decode_request_keeps_upstream_selection(
+    make_hybrid_scheduler: MakeScheduler, block_size: int
+) -> None:
+    """Nothing cached locally, so the hit cannot diverge: the first child
+    with a hit loads the P/D decode request, exactly as upstream (the store
+    child here)."""
+    store_hit = 2 * block_size
+    scheduler = make_hybrid_scheduler(
+        multi_connector_config(("StoreChild", store_hit), ("PullChild", 0))
+    )
+    request = make_prompt_request(
+        "decode", PROMPT_BLOCKS * block_size, block_size, True
+    )
+    scheduler.add_request(request)
+    scheduler.schedule()
+
+    store, pull = children(scheduler)
+    assert (
+        store.allocated_external_tokens["decode"],
+        pull.allocated_external_tokens["decode"],
+    ) == (store_hit, 0)
+
+
+def test_non_hybrid_decode_request_keeps_upstream_selection(
+    make_scheduler: MakeScheduler, block_size: int
+) -> None:
+    """A model without recurrent-state groups: [store child with a 5-block
+    hit, P/D child] loads the P/D decode request from the store child, as
+    upstream, and the P/D child pulls nothing."""
+    store_hit = 5 * block_size
+    scheduler = make_scheduler(
+        multi_connector_config(("StoreChild", store_hit), ("PullChild", 0))
+    )
+    request = make_prompt_request(
+        "decode", PROMPT_BLOCKS * block_size, block_size, True
+    )
+    scheduler.add_request(request)
+    output = scheduler.schedule()
+
+    store, pull = children(scheduler)
+    assert (
+        store.allocated_external_tokens["decode"],
+        pull.allocated_external_tokens["decode"],
+    ) == (store_hit, 0)
+    assert output.scheduled_new_reqs[0].num_computed_tokens == store_hit
+
+
+def test_capable_child_without_tokens_falls_back_to_common_hit(
+    make_hybrid_scheduler: MakeScheduler, block_size: int
+) -> None:
+    """The hit diverged but the capable child has nothing to load: no child
+    loads and the request starts from the common hit (0: the recurrent group
+    holds no checkpoint), as upstream, instead of from a full-attention
+    prefix whose recurrent state nobody restores."""
+    scheduler = make_hybrid_scheduler(
+        multi_connector_config(("IdleCapableChild", 0), ("StoreChild", 0))
+    )
+    cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
+    request = make_prompt_request(
+        "decode", PROMPT_BLOCKS * block_size, block_size, True
+    )
+    scheduler.add_request(request)
+    output = scheduler.schedule()
+
+    idle, store = children(scheduler)
+    assert (
+        idle.allocated_external_tokens["decode"],
+        store.allocated_external_tokens["decode"],
+    ) == (0, 0)
+    assert output.scheduled_new_reqs[0].num_computed_tokens == 0
 
 
 def test_ordinary_request_keeps_the_common_hit(
