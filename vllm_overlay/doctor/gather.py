@@ -10,10 +10,13 @@ tokenizer but loads no weights and starts no process.
 """
 
 import argparse
+import copy
 import dataclasses
 import importlib
+import inspect
 import os
 from typing import Any
+from unittest import mock
 
 from vllm_overlay.doctor.facts import (
     LMCACHE,
@@ -24,7 +27,6 @@ from vllm_overlay.doctor.facts import (
     DependencyFacts,
     Facts,
     LaunchFacts,
-    LMCacheFacts,
     ModelFacts,
 )
 from vllm_overlay.doctor.hf_config import find_config, hybrid_from_config, read_config
@@ -53,10 +55,12 @@ def gather(serve_args: list[str], build: BuildFacts) -> Facts:
         raise OverlayError(
             f"vllm serve rejects these arguments: {_describe(exc)}"
         ) from None
-    model = model_facts(engine_args)
+    model, model_config = model_facts(engine_args)
     config, error = _engine_config(engine_args)
     kv_transfer = (config or engine_args).kv_transfer_config
-    connectors = connector_facts(kv_transfer)
+    connectors = connector_facts(
+        kv_transfer, config.model_config if config else model_config
+    )
     selected = {c.name for c in connectors}
     return Facts(
         build=build,
@@ -97,7 +101,43 @@ def launch_facts(
         chunked_prefill=config.scheduler_config.enable_chunked_prefill,
         mamba_cache_mode=config.cache_config.mamba_cache_mode,
         block_size=engine_args.block_size,
+        max_num_batched_tokens=config.scheduler_config.max_num_batched_tokens,
+        hybrid_block_size=hybrid_block_size(config),
     )
+
+
+def hybrid_block_size(config: Any) -> int | None:
+    """N, the attention block size a hybrid model runs with: vLLM raises it
+    only at engine start, in every worker (`update_block_size_for_backend`,
+    v1/executor/multiproc_executor.py 0.32 :701), from the attention
+    backends of the model's layers. Doctor builds no layers, so it runs that
+    same platform method on a copy of the config with the backend vLLM's
+    selector picks for a decoder attention layer of this model standing in
+    for them. None for a model that is not hybrid, or when vLLM's internals
+    do not allow it (the rules then describe N instead of naming it)."""
+    if not config.model_config.is_hybrid:
+        return None
+    from vllm.config import set_current_vllm_config
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.selector import get_attn_backend
+
+    platform = type(current_platform)
+    try:
+        scratch = copy.deepcopy(config)
+        model = scratch.model_config
+        with set_current_vllm_config(scratch):
+            backend = get_attn_backend(
+                model.get_head_size(),
+                model.dtype,
+                scratch.cache_config.cache_dtype,
+                use_mla=model.use_mla,
+            )
+        layers = classmethod(lambda cls, vllm_config: [backend])
+        with mock.patch.object(platform, "_find_non_ssm_backends", layers):
+            platform.update_block_size_for_backend(scratch)
+    except Exception:  # private internals: any failure means "not known"
+        return None
+    return scratch.cache_config.block_size
 
 
 def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
@@ -148,28 +188,28 @@ def _engine_config(engine_args: Any) -> tuple[Any, str | None]:
     return config, None
 
 
-def model_facts(engine_args: Any) -> ModelFacts:
+def model_facts(engine_args: Any) -> tuple[ModelFacts, Any]:
     """Whether the model is hybrid, by vLLM's model registry
     (`ModelConfig.is_hybrid`), or by its config.json when vLLM cannot build
-    the model's config."""
+    the model's config; and that `ModelConfig` (None: it cannot be built)."""
     name = engine_args.model
     try:
         model_config = engine_args.create_model_config()
     except Exception as exc:  # an unknown model fails in many ways
-        return model_from_config_json(
-            name, f"vLLM could not build its config: {_describe(exc)}"
-        )
+        why = f"vLLM could not build its config: {_describe(exc)}"
+        return model_from_config_json(name, why), None
     kinds = set(getattr(model_config.hf_text_config, "layer_types", None) or ())
     detail = model_config.architecture
     if kinds:
         detail += f"; layer types: {', '.join(sorted(kinds))}"
-    return ModelFacts(
+    facts = ModelFacts(
         name=name,
         hybrid=model_config.is_hybrid,
         source="vLLM's model registry",
         detail=detail,
         mixed_attention={"sliding_attention", "full_attention"} <= kinds,
     )
+    return facts, model_config
 
 
 def model_from_config_json(name: str, why: str) -> ModelFacts:
@@ -187,20 +227,20 @@ def model_from_config_json(name: str, why: str) -> ModelFacts:
     )
 
 
-def connector_facts(kv_transfer: Any) -> tuple[ConnectorFacts, ...]:
+def connector_facts(kv_transfer: Any, model_config: Any) -> tuple[ConnectorFacts, ...]:
     """The selected connector, then a MultiConnector's children, each with
-    vLLM's factory's verdict on HMA (`KVConnectorFactory.supports_hma_config`,
-    which `VllmConfig` asks too)."""
+    vLLM's factory's verdict on HMA for this model
+    (`KVConnectorFactory.supports_hma_config`, which `VllmConfig` asks too)."""
     if kv_transfer is None or kv_transfer.kv_connector is None:
         return ()
-    top = _connector(kv_transfer, parent=None)
+    top = _connector(kv_transfer, None, model_config)
     if kv_transfer.kv_connector != MULTI:
         return (top,)
     children = kv_transfer.kv_connector_extra_config.get("connectors") or []
-    return (top, *(_child(kv_transfer, child) for child in children))
+    return (top, *(_child(kv_transfer, child, model_config) for child in children))
 
 
-def _child(parent: Any, entry: dict[str, Any]) -> ConnectorFacts:
+def _child(parent: Any, entry: dict[str, Any], model_config: Any) -> ConnectorFacts:
     """A MultiConnector child, from the fields KVTransferConfig knows (the
     series' `load_weight` is MultiConnector's own key)."""
     from vllm.config import KVTransferConfig
@@ -213,20 +253,33 @@ def _child(parent: Any, entry: dict[str, Any]) -> ConnectorFacts:
     except Exception as exc:  # pydantic validation
         name = str(entry.get("kv_connector"))
         return ConnectorFacts(name, None, parent=MULTI, error=_describe(exc))
-    return _connector(config, parent=MULTI)
+    return _connector(config, MULTI, model_config)
 
 
-def _connector(kv_transfer: Any, parent: str | None) -> ConnectorFacts:
+def _connector(
+    kv_transfer: Any, parent: str | None, model_config: Any
+) -> ConnectorFacts:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
     name = kv_transfer.kv_connector
     try:
         cls = KVConnectorFactory.get_connector_class(kv_transfer)
-        supports = KVConnectorFactory.supports_hma_config(kv_transfer)
+        supports = _supports_hma(KVConnectorFactory, kv_transfer, model_config)
     except Exception as exc:  # an unknown name, a module that does not import
         return ConnectorFacts(name, None, parent=parent, error=_describe(exc))
     path = f"{cls.__module__}.{cls.__qualname__}"
     return ConnectorFacts(name, supports, class_path=path, parent=parent)
+
+
+def _supports_hma(factory: Any, kv_transfer: Any, model_config: Any) -> bool:
+    """`supports_hma_config` as `VllmConfig` asks it: for this model where
+    the sources ask connectors per model (the series'
+    lmcache-connector-hybrid-kv.patch adds `model_config`, which
+    LMCacheConnectorV1 answers True for hybrid models only), else with the
+    transfer config alone, as upstream."""
+    if "model_config" in inspect.signature(factory.supports_hma_config).parameters:
+        return factory.supports_hma_config(kv_transfer, model_config)
+    return factory.supports_hma_config(kv_transfer)
 
 
 def _extra_config_of(kv_transfer: Any, name: str) -> Any:
@@ -239,19 +292,16 @@ def _extra_config_of(kv_transfer: Any, name: str) -> Any:
     return {}
 
 
-def lmcache_facts(extra_config: dict[str, Any]) -> LMCacheFacts:
-    """LMCacheConnectorV1's adapter class, imported as the connector imports
-    it (vLLM's in-tree one with `use_native`), and whether it declares that it
-    restores recurrent state (the series' connector reads the attribute on
-    the adapter instance; doctor can only see the class)."""
+def lmcache_facts(extra_config: dict[str, Any]) -> DependencyFacts:
+    """Whether LMCacheConnectorV1's adapter class imports as the connector
+    imports it (vLLM's in-tree one with `use_native`)."""
     module = NATIVE_LMCACHE_ADAPTER if extra_config.get("use_native") else None
     try:
         adapter = importlib.import_module(module or LMCACHE_ADAPTER)
-        cls = adapter.LMCacheConnectorV1Impl
+        _ = adapter.LMCacheConnectorV1Impl
     except Exception as exc:  # a missing package, missing native ops
-        return LMCacheFacts("lmcache", False, error=_describe(exc))
-    restores = getattr(cls, "restores_recurrent_state", False) is True
-    return LMCacheFacts("lmcache", True, restores_recurrent_state=restores)
+        return DependencyFacts("lmcache", False, error=_describe(exc))
+    return DependencyFacts("lmcache", True)
 
 
 def nixl_facts() -> DependencyFacts:

