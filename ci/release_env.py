@@ -2,9 +2,10 @@
 run against a given (patched or pinned) vLLM wheel on a machine without a GPU.
 
 The environment has two layers. The dependency layer (CPU torch, vLLM's
-requirements, the test plugins) takes minutes and gigabytes, so it is built
-once per release and reused for as long as its inputs are unchanged; the vLLM
-wheel on top of it is swapped in seconds whenever a new patched build appears.
+requirements, the test plugins, and the real LMCache for the probes that drive
+its vLLM integration) takes minutes and gigabytes, so it is built once per
+release and reused for as long as its inputs are unchanged; the vLLM wheel on
+top of it is swapped in seconds whenever a new patched build appears.
 `STAMP` records both layers and is written last: an environment whose build
 was interrupted has no stamp that matches, and is rebuilt instead of trusted.
 
@@ -39,9 +40,14 @@ from vllm_overlay.locking import exclusive
 
 # Bump whenever the recipe below changes, so that existing environments are
 # rebuilt rather than reused with a stale dependency layer.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 STAMP = ".vllm-overlay-env.json"
 REQUIREMENTS_FILE = ".vllm-overlay-requirements.txt"
+# lmcache and the two packages its vLLM adapter imports beyond vLLM's own
+# requirements, pinned by hash; installed without their dependencies, because
+# lmcache's would pull CUDA-only packages and downgrade numpy, protobuf and
+# opentelemetry under upstream's tests (the file says which).
+LMCACHE_REQUIREMENTS = Path(__file__).resolve().parent / "lmcache-requirements.txt"
 
 # The CPU build of the torch every pinned release's CPU wheel asks for; the
 # local version label makes pip take it from the find-links, never PyPI's
@@ -191,6 +197,7 @@ def dependency_key(release: str, info: WheelInfo, requirements: list[str]) -> st
         "python": sys.version,
         "cpu_build": info.is_cpu_build,
         "requirements": requirements,
+        "lmcache": _read_text(LMCACHE_REQUIREMENTS),
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
@@ -206,6 +213,12 @@ def build_dependency_layer(release: str, venv: Path, requirements: list[str]) ->
     requirements_file.write_text("\n".join(requirements) + "\n")
     _progress(release, "installing CPU torch, vLLM's requirements and test plugins")
     _pip(release, venv, ["install", "-r", str(requirements_file)])
+    _progress(release, f"installing {LMCACHE_REQUIREMENTS.name} without dependencies")
+    _pip(
+        release,
+        venv,
+        ["install", "--no-deps", "--require-hashes", "-r", str(LMCACHE_REQUIREMENTS)],
+    )
     guard_torchvision(release, venv)
     check_cpu_only(release, venv)
 
@@ -327,12 +340,16 @@ def _active_requirements(requires: tuple[str, ...]) -> list[Requirement]:
     return active
 
 
-def _requirement_lines(path: Path) -> list[str]:
-    """The requirement lines of a pip requirements file, comments removed."""
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise OverlayError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _requirement_lines(path: Path) -> list[str]:
+    """The requirement lines of a pip requirements file, comments removed."""
+    text = _read_text(path)
     lines = []
     for raw in text.splitlines():
         line = re.sub(r"(^|\s)#.*$", "", raw).strip()
