@@ -48,7 +48,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -329,52 +331,54 @@ def run_serve_e2e(
     logs = cache / "serve-e2e" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     python = str(venv / "bin" / "python")
+    served = partial(expect_serving, model=model)
     results = []
     for method in methods:
         with tempfile.TemporaryDirectory(prefix="vllm-overlay-serve-e2e-") as tmp:
-            storage = Path(tmp)
             port = free_port()
-            args = serve_args(model, port, storage)
-            results.append(
-                expect_refusal(
-                    f"{method}: vllm serve",
+            args = serve_args(model, port, Path(tmp))
+            # (name, check, command, under the overlay, log name)
+            runs: list[tuple[str, Callable[..., Result], list[str], bool, str]] = [
+                (
+                    "vllm serve",
+                    partial(expect_refusal, where=""),
                     [str(venv / "bin" / "vllm"), "serve", *args],
-                    environment(method, cache, overlay=False),
-                    logs / f"{release}-{method}-plain.log",
-                    port,
-                    "",
-                )
-            )
-            results.append(
-                expect_serving(
-                    f"{method}: vllm-overlay serve",
+                    False,
+                    "plain",
+                ),
+                (
+                    "vllm-overlay serve",
+                    served,
                     [python, "-m", "vllm_overlay", "serve", *args],
-                    environment(method, cache, overlay=True),
-                    logs / f"{release}-{method}-overlay.log",
-                    port,
-                    model,
-                )
-            )
+                    True,
+                    "overlay",
+                ),
+            ]
             if method == "spawn":
-                results.append(
-                    expect_refusal(
-                        f"{method}: parent-only overlay (control)",
+                runs += [
+                    (
+                        "parent-only overlay (control)",
+                        partial(expect_refusal, where="(EngineCore"),
                         [python, "-c", PARENT_ONLY, *args],
-                        environment(method, cache, overlay=True),
-                        logs / f"{release}-{method}-parent-only.log",
-                        port,
-                        "(EngineCore",
-                    )
-                )
-                results.append(
-                    expect_serving(
-                        f"{method}: patched build, vllm serve",
+                        True,
+                        "parent-only",
+                    ),
+                    (
+                        "patched build, vllm serve",
+                        partial(served, series_lines=0),
                         [str(patched / "bin" / "vllm"), "serve", *args],
-                        environment(method, cache, overlay=False),
-                        logs / f"{release}-{method}-patched.log",
+                        False,
+                        "patched",
+                    ),
+                ]
+            for name, check, command, overlay, kind in runs:
+                results.append(
+                    check(
+                        f"{method}: {name}",
+                        command,
+                        environment(method, cache, overlay=overlay),
+                        logs / f"{release}-{method}-{kind}.log",
                         port,
-                        model,
-                        series_lines=0,
                     )
                 )
     return results

@@ -234,9 +234,10 @@ def test_hybrid_model_never_builds_the_lmcache_adapter(
         "LMCache's in-process adapter restores attention KV but not the recurrent "
         "(Mamba/linear-attention) state, and attention KV without it garbles the "
         "output. For LMCache with a hybrid model use LMCacheMPConnector and an "
-        "LMCache server, with --mamba-cache-mode align, an LMCache chunk size that "
-        f"is a multiple of the block size ({block_size}) and "
-        f"--max-num-batched-tokens in [{block_size}, {2 * block_size})."
+        "LMCache server, with --mamba-cache-mode align, the server's --chunk-size "
+        f"a multiple of the block size ({block_size}), and --max-num-batched-tokens "
+        f"of at least {block_size} (below {2 * block_size} unless the server runs "
+        "with --separate-object-groups)."
     ]
 
 

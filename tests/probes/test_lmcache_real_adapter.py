@@ -47,13 +47,16 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import BLOCK_SIZE, MAX_MODEL_LEN, MakeRequest, start_scheduler
+from conftest import (
+    BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    MakeRequest,
+    MakeVllmConfig,
+    start_scheduler,
+)
 from torch.overrides import TorchFunctionMode
 from vllm.config import (
-    CacheConfig,
     KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
     VllmConfig,
     set_current_vllm_config,
 )
@@ -104,7 +107,7 @@ TINY_WIDTHS: dict[str, Any] = {
     "head_dim": 32,
     "vocab_size": 256,
     "max_position_embeddings": MAX_MODEL_LEN,
-    "torch_dtype": "bfloat16",
+    "torch_dtype": "float32",
 }
 # Qwen/Qwen3.5-0.8B's layers: 24, three Gated DeltaNet (linear attention)
 # layers to one full-attention layer.
@@ -151,30 +154,15 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return dirs
 
 
-def lmcache_vllm_config(model_dir: Path) -> VllmConfig:
+def lmcache_vllm_config(
+    make_vllm_config: MakeVllmConfig, model_dir: Path
+) -> VllmConfig:
     """The `VllmConfig` of `vllm serve MODEL --kv-transfer-config
     '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'`, in which
     vLLM itself decides whether the hybrid KV cache manager stays on."""
-    vllm_config = VllmConfig(
-        model_config=ModelConfig(
-            model=str(model_dir),
-            skip_tokenizer_init=True,
-            dtype="bfloat16",
-            seed=0,
-            max_model_len=MAX_MODEL_LEN,
-        ),
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=16,
-            max_num_batched_tokens=MAX_MODEL_LEN,
-            max_model_len=MAX_MODEL_LEN,
-            is_encoder_decoder=False,
-        ),
-        cache_config=CacheConfig(
-            block_size=BLOCK_SIZE, cache_dtype="auto", enable_prefix_caching=True
-        ),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="LMCacheConnectorV1", kv_role="kv_both"
-        ),
+    vllm_config = make_vllm_config(
+        KVTransferConfig(kv_connector="LMCacheConnectorV1", kv_role="kv_both"),
+        model_dir=model_dir,
     )
     # The engine core resolves the layout before it plans the KV cache; this
     # is the one CUDA's attention backends allocate (lmcache calls it NHD).
@@ -342,7 +330,10 @@ def set_up_pointers(gpu_connector: Any, kv_caches: list[torch.Tensor]) -> None:
 
 @needs_lmcache
 def test_sliding_window_model_hands_lmcache_every_layer(
-    model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    make_vllm_config: MakeVllmConfig,
+    model_dirs: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     """Gemma 3 1B is not hybrid, so vLLM turns the hybrid KV cache manager off
     as for any connector without HMA support: one KV cache group with all 26
@@ -362,7 +353,7 @@ def test_sliding_window_model_hands_lmcache_every_layer(
     )
     from lmcache.v1.gpu_connector.gpu_connectors import VLLMPagedMemGPUConnectorV2
 
-    vllm_config = lmcache_vllm_config(model_dirs["gemma3"])
+    vllm_config = lmcache_vllm_config(make_vllm_config, model_dirs["gemma3"])
     assert not vllm_config.model_config.is_hybrid
     assert vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is True, (
         "LMCacheConnectorV1 kept the hybrid KV cache manager on for a model "
@@ -414,7 +405,9 @@ def test_sliding_window_model_hands_lmcache_every_layer(
 
 @needs_lmcache
 def test_lmcache_0_5_6_cannot_take_a_subset_of_layers(
-    model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    make_vllm_config: MakeVllmConfig,
+    model_dirs: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Characterizes lmcache 0.5.6, and fails when lmcache changes this: its
     GPU connector must be handed every layer of the model.
@@ -433,7 +426,7 @@ def test_lmcache_0_5_6_cannot_take_a_subset_of_layers(
     from lmcache.integration.vllm.utils import lmcache_get_or_create_config
     from lmcache.integration.vllm.vllm_service_factory import VllmServiceFactory
 
-    vllm_config = lmcache_vllm_config(model_dirs["qwen3.5"])
+    vllm_config = lmcache_vllm_config(make_vllm_config, model_dirs["qwen3.5"])
     vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = False
     kv_cache_config = plan_kv_cache(vllm_config)
     [attention] = [
@@ -504,6 +497,7 @@ def lmcache_mp_mentions(records: list[logging.LogRecord]) -> list[str]:
 
 
 def test_hybrid_model_never_reaches_lmcache(
+    make_vllm_config: MakeVllmConfig,
     model_dirs: dict[str, Path],
     make_request: MakeRequest,
     vllm_log_records: list[logging.LogRecord],
@@ -521,9 +515,12 @@ def test_hybrid_model_never_reaches_lmcache(
     factory with `register_kv_caches` and the save path; lmcache as
     installed, or absent, for the adapter must not be imported either way.
     Stand-in: none."""
-    vllm_config = lmcache_vllm_config(model_dirs["qwen3.5"])
+    vllm_config = lmcache_vllm_config(make_vllm_config, model_dirs["qwen3.5"])
     assert vllm_config.model_config.is_hybrid
-    assert vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False
+    assert vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False, (
+        "LMCacheConnectorV1 turned the hybrid KV cache manager off for a hybrid "
+        "model, which then cannot start"
+    )
     kv_cache_config = plan_kv_cache(vllm_config)
     assert any(
         isinstance(group.kv_cache_spec, MambaSpec)

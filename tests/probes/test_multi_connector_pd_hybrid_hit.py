@@ -160,6 +160,25 @@ def children(scheduler: Scheduler) -> tuple[RecordingHMAChild, ...]:
     return tuple(connector.sub_connectors)  # type: ignore[attr-defined]
 
 
+def schedule_prompt(
+    scheduler: Scheduler, block_size: int, do_remote_prefill: bool = True
+) -> tuple[int, tuple[int, ...]]:
+    """Schedule one request over the whole prompt ("decode" when it is a P/D
+    decode request, else "plain"). Returns the tokens it starts from and the
+    tokens each child was asked to load for it."""
+    request_id = "decode" if do_remote_prefill else "plain"
+    scheduler.add_request(
+        make_prompt_request(
+            request_id, PROMPT_BLOCKS * block_size, block_size, do_remote_prefill
+        )
+    )
+    output = scheduler.schedule()
+    loaded = tuple(
+        child.allocated_external_tokens[request_id] for child in children(scheduler)
+    )
+    return output.scheduled_new_reqs[0].num_computed_tokens, loaded
+
+
 def test_decode_request_keeps_local_full_attention_prefix(
     make_hybrid_scheduler: MakeScheduler, block_size: int
 ) -> None:
@@ -172,21 +191,16 @@ def test_decode_request_keeps_local_full_attention_prefix(
     cached_ids = cache_prefix_without_recurrent_state(
         scheduler.kv_cache_manager, block_size
     )
-    prompt_tokens = PROMPT_BLOCKS * block_size
-    local_tokens = CACHED_BLOCKS * block_size
-    request = make_prompt_request("decode", prompt_tokens, block_size, True)
-    scheduler.add_request(request)
-    scheduler.schedule()
+    _, (pulled, _) = schedule_prompt(scheduler, block_size)
 
-    pull, _ = children(scheduler)
     attention_ids = scheduler.kv_cache_manager.get_block_ids("decode")[0]
     reused = len(set(attention_ids) & set(cached_ids))
     # Both counts in one comparison, so a failure reports both.
     assert {
-        "pulled tokens": pull.allocated_external_tokens["decode"],
+        "pulled tokens": pulled,
         "cached prefix blocks reused": reused,
     } == {
-        "pulled tokens": prompt_tokens - local_tokens,
+        "pulled tokens": (PROMPT_BLOCKS - CACHED_BLOCKS) * block_size,
         "cached prefix blocks reused": CACHED_BLOCKS,
     }
 
@@ -205,17 +219,9 @@ def test_decode_request_loads_only_from_capable_child(
         multi_connector_config(("StoreChild", store_hit), ("PullChild", 0))
     )
     cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
-    prompt_tokens = PROMPT_BLOCKS * block_size
-    request = make_prompt_request("decode", prompt_tokens, block_size, True)
-    scheduler.add_request(request)
-    scheduler.schedule()
+    _, loaded = schedule_prompt(scheduler, block_size)
 
-    store, pull = children(scheduler)
-    loaded = {
-        "store": store.allocated_external_tokens["decode"],
-        "pull": pull.allocated_external_tokens["decode"],
-    }
-    assert loaded == {"store": 0, "pull": prompt_tokens - CACHED_BLOCKS * block_size}
+    assert loaded == (0, (PROMPT_BLOCKS - CACHED_BLOCKS) * block_size)
 
 
 def test_weights_do_not_move_a_diverged_decode_request_off_its_capable_child(
@@ -230,17 +236,9 @@ def test_weights_do_not_move_a_diverged_decode_request_off_its_capable_child(
         )
     )
     cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
-    prompt_tokens = PROMPT_BLOCKS * block_size
-    scheduler.add_request(
-        make_prompt_request("decode", prompt_tokens, block_size, True)
-    )
-    scheduler.schedule()
+    _, loaded = schedule_prompt(scheduler, block_size)
 
-    store, pull = children(scheduler)
-    assert (
-        store.allocated_external_tokens["decode"],
-        pull.allocated_external_tokens["decode"],
-    ) == (0, prompt_tokens - CACHED_BLOCKS * block_size)
+    assert loaded == (0, (PROMPT_BLOCKS - CACHED_BLOCKS) * block_size)
 
 
 def test_undiverged_decode_request_keeps_upstream_selection(
@@ -253,17 +251,9 @@ def test_undiverged_decode_request_keeps_upstream_selection(
     scheduler = make_hybrid_scheduler(
         multi_connector_config(("StoreChild", store_hit), ("PullChild", 0))
     )
-    request = make_prompt_request(
-        "decode", PROMPT_BLOCKS * block_size, block_size, True
-    )
-    scheduler.add_request(request)
-    scheduler.schedule()
+    _, loaded = schedule_prompt(scheduler, block_size)
 
-    store, pull = children(scheduler)
-    assert (
-        store.allocated_external_tokens["decode"],
-        pull.allocated_external_tokens["decode"],
-    ) == (store_hit, 0)
+    assert loaded == (store_hit, 0)
 
 
 def test_non_hybrid_decode_request_keeps_upstream_selection(
@@ -276,18 +266,9 @@ def test_non_hybrid_decode_request_keeps_upstream_selection(
     scheduler = make_scheduler(
         multi_connector_config(("StoreChild", store_hit), ("PullChild", 0))
     )
-    request = make_prompt_request(
-        "decode", PROMPT_BLOCKS * block_size, block_size, True
-    )
-    scheduler.add_request(request)
-    output = scheduler.schedule()
+    computed, loaded = schedule_prompt(scheduler, block_size)
 
-    store, pull = children(scheduler)
-    assert (
-        store.allocated_external_tokens["decode"],
-        pull.allocated_external_tokens["decode"],
-    ) == (store_hit, 0)
-    assert output.scheduled_new_reqs[0].num_computed_tokens == store_hit
+    assert (loaded, computed) == ((store_hit, 0), store_hit)
 
 
 def test_capable_child_without_tokens_falls_back_to_common_hit(
@@ -301,18 +282,9 @@ def test_capable_child_without_tokens_falls_back_to_common_hit(
         multi_connector_config(("IdleCapableChild", 0), ("StoreChild", 0))
     )
     cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
-    request = make_prompt_request(
-        "decode", PROMPT_BLOCKS * block_size, block_size, True
-    )
-    scheduler.add_request(request)
-    output = scheduler.schedule()
+    computed, loaded = schedule_prompt(scheduler, block_size)
 
-    idle, store = children(scheduler)
-    assert (
-        idle.allocated_external_tokens["decode"],
-        store.allocated_external_tokens["decode"],
-    ) == (0, 0)
-    assert output.scheduled_new_reqs[0].num_computed_tokens == 0
+    assert (loaded, computed) == ((0, 0), 0)
 
 
 def test_ordinary_request_keeps_the_common_hit(
@@ -326,14 +298,7 @@ def test_ordinary_request_keeps_the_common_hit(
         multi_connector_config(("PullChild", 0), ("StoreChild", store_hit))
     )
     cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
-    request = make_prompt_request(
-        "plain", PROMPT_BLOCKS * block_size, block_size, False
-    )
-    scheduler.add_request(request)
-    output = scheduler.schedule()
+    computed, loaded = schedule_prompt(scheduler, block_size, do_remote_prefill=False)
 
-    pull, store = children(scheduler)
-    assert store.allocated_external_tokens["plain"] == store_hit
-    assert pull.allocated_external_tokens["plain"] == 0
     # Nothing local (the common hit is 0), the store child's tokens on top.
-    assert output.scheduled_new_reqs[0].num_computed_tokens == store_hit
+    assert (loaded, computed) == ((0, store_hit), store_hit)
