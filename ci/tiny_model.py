@@ -1,13 +1,19 @@
-"""A tiny random-weight Llama checkpoint that a CPU engine starts in seconds.
+"""Tiny random-weight checkpoints that a CPU engine starts in seconds.
 
-The end-to-end serve test needs a model that loads and answers, not one that
-says anything sensible: two layers, a 2,048-token byte-level BPE vocabulary
+The end-to-end serve test needs models that load and answer, not ones that
+say anything sensible: a few layers, a 2,048-token byte-level BPE vocabulary
 and random weights under a fixed seed, written with the hub stand-in's
-tokenizer and weight writers (`ci/hf_standin.py`). It is a plain directory,
+tokenizer and weight writers (`ci/hf_standin.py`). Each is a plain directory,
 served by path, so no hub cache or network is involved.
 
-Writing it needs `tokenizers`, `torch` and `transformers`: `ensure_tiny_model`
-runs this file as a script under a release environment's Python.
+- `tiny-llama`: a plain decoder, two layers.
+- `tiny-qwen3.5`: a hybrid in Qwen3.5's layout, three Gated DeltaNet (linear
+  attention) layers to one full-attention layer. Its linear-attention head
+  size is 128: vLLM's CPU Gated DeltaNet kernel rejects smaller ones.
+
+Writing one needs `tokenizers`, `torch` and `transformers`:
+`ensure_tiny_model` runs this file as a script under a release environment's
+Python.
 """
 
 import hashlib
@@ -25,9 +31,7 @@ from ci.hf_standin import Vocabulary, write_random_weights, write_tokenizer
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locking import exclusive
 
-CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
+_COMMON: dict[str, object] = {
     "bos_token_id": 0,
     "eos_token_id": 1,
     "hidden_act": "silu",
@@ -35,13 +39,34 @@ CONFIG = {
     "intermediate_size": 512,
     "max_position_embeddings": 2048,
     "num_attention_heads": 4,
-    "num_hidden_layers": 2,
     "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-05,
-    "rope_theta": 10000.0,
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
     "vocab_size": 2048,
+}
+CONFIGS: dict[str, dict[str, object]] = {
+    "tiny-llama": {
+        **_COMMON,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 10000.0,
+    },
+    "tiny-qwen3.5": {
+        **_COMMON,
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "model_type": "qwen3_5_text",
+        "head_dim": 64,
+        "num_hidden_layers": 4,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 2,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "rms_norm_eps": 1e-06,
+    },
 }
 VOCABULARY = Vocabulary(
     size=2048,
@@ -54,42 +79,46 @@ VOCABULARY = Vocabulary(
 STAMP = ".vllm-overlay-tiny-model"
 
 
-def model_digest() -> str:
-    """Changes whenever the checkpoint would."""
-    payload = json.dumps([CONFIG, repr(VOCABULARY)], sort_keys=True)
+def model_digest(name: str) -> str:
+    """Changes whenever the checkpoint `name` would."""
+    payload = json.dumps([CONFIGS[name], repr(VOCABULARY)], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def ensure_tiny_model(target: Path, python: Path) -> Path:
-    """The checkpoint in `target`, written (with `python`) unless current."""
+def ensure_tiny_model(name: str, models: Path, python: Path) -> Path:
+    """The checkpoint `name` in `models/name`, written (with `python`)
+    unless current."""
+    target = models / name
     stamp = target / STAMP
-    if stamp.is_file() and stamp.read_text().strip() == model_digest():
+    if stamp.is_file() and stamp.read_text().strip() == model_digest(name):
         return target
-    with exclusive(target.parent):
-        if stamp.is_file() and stamp.read_text().strip() == model_digest():
+    with exclusive(models):
+        if stamp.is_file() and stamp.read_text().strip() == model_digest(name):
             return target
         proc = subprocess.run(
-            [str(python), str(Path(__file__).resolve()), str(target)], check=False
+            [str(python), str(Path(__file__).resolve()), name, str(target)],
+            check=False,
         )
         if proc.returncode:
             raise OverlayError(f"writing the tiny model into {target} failed")
     return target
 
 
-def write_tiny_model(target: Path) -> None:
-    """Write the checkpoint beside `target` and move it in whole."""
+def write_tiny_model(name: str, target: Path) -> None:
+    """Write the checkpoint `name` beside `target` and move it in whole."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    config = json.dumps(CONFIGS[name], indent=2) + "\n"
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".building-") as tmp:
         staging = Path(tmp) / "model"
         staging.mkdir()
-        (staging / "config.json").write_text(json.dumps(CONFIG, indent=2) + "\n")
+        (staging / "config.json").write_text(config)
         write_tokenizer(staging, VOCABULARY)
         write_random_weights(staging)
-        (staging / STAMP).write_text(model_digest() + "\n")
+        (staging / STAMP).write_text(model_digest(name) + "\n")
         if target.exists():
             os.replace(target, Path(tmp) / "old")
         os.replace(staging, target)
 
 
 if __name__ == "__main__":
-    write_tiny_model(Path(sys.argv[1]))
+    write_tiny_model(sys.argv[1], Path(sys.argv[2]))

@@ -30,6 +30,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
@@ -162,10 +163,10 @@ def children(scheduler: Scheduler) -> tuple[RecordingHMAChild, ...]:
 
 def schedule_prompt(
     scheduler: Scheduler, block_size: int, do_remote_prefill: bool = True
-) -> tuple[int, tuple[int, ...]]:
+) -> tuple[SchedulerOutput, tuple[int, ...]]:
     """Schedule one request over the whole prompt ("decode" when it is a P/D
-    decode request, else "plain"). Returns the tokens it starts from and the
-    tokens each child was asked to load for it."""
+    decode request, else "plain"). Returns the step's output and the tokens
+    each child was asked to load for the request."""
     request_id = "decode" if do_remote_prefill else "plain"
     scheduler.add_request(
         make_prompt_request(
@@ -176,7 +177,7 @@ def schedule_prompt(
     loaded = tuple(
         child.allocated_external_tokens[request_id] for child in children(scheduler)
     )
-    return output.scheduled_new_reqs[0].num_computed_tokens, loaded
+    return output, loaded
 
 
 def test_decode_request_keeps_local_full_attention_prefix(
@@ -266,9 +267,10 @@ def test_non_hybrid_decode_request_keeps_upstream_selection(
     scheduler = make_scheduler(
         multi_connector_config(("StoreChild", store_hit), ("PullChild", 0))
     )
-    computed, loaded = schedule_prompt(scheduler, block_size)
+    output, loaded = schedule_prompt(scheduler, block_size)
 
-    assert (loaded, computed) == ((store_hit, 0), store_hit)
+    assert loaded == (store_hit, 0)
+    assert output.scheduled_new_reqs[0].num_computed_tokens == store_hit
 
 
 def test_capable_child_without_tokens_falls_back_to_common_hit(
@@ -282,9 +284,10 @@ def test_capable_child_without_tokens_falls_back_to_common_hit(
         multi_connector_config(("IdleCapableChild", 0), ("StoreChild", 0))
     )
     cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
-    computed, loaded = schedule_prompt(scheduler, block_size)
+    output, loaded = schedule_prompt(scheduler, block_size)
 
-    assert (loaded, computed) == ((0, 0), 0)
+    assert loaded == (0, 0)
+    assert output.scheduled_new_reqs[0].num_computed_tokens == 0
 
 
 def test_ordinary_request_keeps_the_common_hit(
@@ -298,7 +301,8 @@ def test_ordinary_request_keeps_the_common_hit(
         multi_connector_config(("PullChild", 0), ("StoreChild", store_hit))
     )
     cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
-    computed, loaded = schedule_prompt(scheduler, block_size, do_remote_prefill=False)
+    output, loaded = schedule_prompt(scheduler, block_size, do_remote_prefill=False)
 
+    assert loaded == (0, store_hit)
     # Nothing local (the common hit is 0), the store child's tokens on top.
-    assert (loaded, computed) == ((0, store_hit), store_hit)
+    assert output.scheduled_new_reqs[0].num_computed_tokens == store_hit
