@@ -171,9 +171,9 @@ def lmcache_mp_warnings(records: list[logging.LogRecord]) -> list[str]:
 def test_hybrid_model_starts_with_lmcache(
     make_vllm_config: MakeVllmConfig, qwen3_5_dir: Path
 ) -> None:
-    """vLLM keeps the hybrid KV cache manager for a hybrid model with
-    LMCacheConnectorV1 and plans one group per layer kind, where upstream
-    turns the manager off and then fails to unify the layers."""
+    """A hybrid model with LMCacheConnectorV1 keeps the hybrid KV cache
+    manager and gets one group per layer kind, where upstream turns the
+    manager off and then fails to unify the layers."""
     vllm_config = hybrid_lmcache_config(make_vllm_config, qwen3_5_dir)
     assert vllm_config.model_config.is_hybrid
     assert vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False, (
