@@ -37,7 +37,6 @@ from conftest import (
 )
 from lmcache_fake_adapter import install_fake_adapter
 from vllm.config import KVTransferConfig, VllmConfig
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import (
     LMCacheConnectorV1,
@@ -271,9 +270,6 @@ def test_sliding_window_model_keeps_upstream_lmcache(
     vllm_config = make_vllm_config(KVTransferConfig(**LMCACHE), model_dir=gemma3_dir)
     assert not vllm_config.model_config.is_hybrid
     assert vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is True
-    assert not KVConnectorFactory.supports_hma_config(
-        KVTransferConfig(**LMCACHE), vllm_config.model_config
-    )
 
 
 def test_single_group_model_drives_the_adapter_as_upstream(
