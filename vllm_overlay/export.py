@@ -59,6 +59,8 @@ _FORMAT_PATCH = (
     *("--indent-heuristic", "--src-prefix=a/", "--dst-prefix=b/", "--no-relative"),
     *("--abbrev=7", f"-O{os.devnull}", "--stat-width=72"),
 )
+# The lines by which git states why it failed, as opposed to its hints.
+_CAUSE_PREFIXES = ("error: ", "fatal: ")
 _SERIES_HEADER = "# Patch series over vLLM {version}, applied in this order.\n"
 _NOT_SLUG = re.compile(r"[^a-z0-9]+")
 
@@ -74,27 +76,56 @@ def commit_identity() -> dict[str, str]:
 
 
 def git_run(
-    repo: Path, *args: str, env: Mapping[str, str] | None = None
+    repo: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    user_config: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """Run git in `repo` without the user's config, for a caller that reads
-    the exit status itself."""
+    """Run git in `repo`, for a caller that reads the exit status itself.
+
+    Without the user's config by default: the scratch repositories must not
+    depend on it. `user_config` is for the maintainer's own checkout, where
+    their identity and settings apply. Messages are always in English, so
+    that `git_cause` can find the error lines."""
+    isolation = {"LC_ALL": "C"} if user_config else _GIT_ENV
     return subprocess.run(
         ["git", *args],
         cwd=repo,
         capture_output=True,
         text=True,
-        env={**os.environ, **_GIT_ENV, **(env or {})},
+        env={**os.environ, **isolation, **(env or {})},
         check=False,
     )
 
 
+def git_cause(proc: subprocess.CompletedProcess) -> str:
+    """Why git failed, in its own words: its `error:` and `fatal:` lines.
+
+    Not its last line: after a failed `am` or `cherry-pick` that is a hint
+    on how to go on with an operation the tool has already undone, while
+    the cause (`sha1 information is lacking ...`, `patch does not apply`)
+    comes first."""
+    output = [
+        text.decode(errors="replace") if isinstance(text, bytes) else text or ""
+        for text in (proc.stderr, proc.stdout)
+    ]
+    lines = [line.strip() for line in "\n".join(output).splitlines() if line.strip()]
+    causes = [
+        line.split(": ", 1)[1].rstrip(".")
+        for line in lines
+        if line.startswith(_CAUSE_PREFIXES)
+    ]
+    if not causes:
+        causes = [line for line in lines if not line.startswith("hint:")][:1]
+    return "; ".join(dict.fromkeys(causes)) or f"exit status {proc.returncode}"
+
+
 def git(repo: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
     """Run git in `repo` without the user's config; a failure is an
-    `OverlayError` with git's own last line."""
+    `OverlayError` with git's own cause (`git_cause`)."""
     proc = git_run(repo, *args, env=env)
     if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines() or ["failed"]
-        raise OverlayError(f"git {args[0]} in {repo}: {lines[-1]}")
+        raise OverlayError(f"git {args[0]} in {repo}: {git_cause(proc)}")
     return proc.stdout
 
 
@@ -161,7 +192,9 @@ def format_patch_bytes(repo: Path, commit: str) -> bytes:
         check=False,
     )
     if proc.returncode != 0:
-        raise OverlayError(f"git format-patch {commit[:12]} in {repo} failed")
+        raise OverlayError(
+            f"git format-patch {commit[:12]} in {repo}: {git_cause(proc)}"
+        )
     return proc.stdout
 
 
@@ -279,15 +312,16 @@ def materialize(series: Series, originals: Mapping[str, bytes], dest: Path) -> P
     git(dest, "commit", "-q", "--allow-empty", "-m", UPSTREAM_TAG, env=dated)
     git(dest, "tag", UPSTREAM_TAG)
     for patch in series.patches:
-        try:
-            git(
-                dest,
-                *("am", "-q", "--committer-date-is-author-date", "--no-3way"),
-                *("--no-scissors", "--keep-non-patch", str(patch.path)),
-                env=identity,
-            )
-        except OverlayError as exc:
-            raise OverlayError(f"{patch.name} does not apply: {exc}") from None
+        applied = git_run(
+            dest,
+            *("am", "-q", "--committer-date-is-author-date", "--no-3way"),
+            *("--no-scissors", "--keep-non-patch", str(patch.path)),
+            env=identity,
+        )
+        if applied.returncode != 0:
+            # `dest` is a scratch repository: naming it would point at a
+            # directory that is gone by the time the error is read.
+            raise OverlayError(f"{patch.name} does not apply: {git_cause(applied)}")
     return dest
 
 

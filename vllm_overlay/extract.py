@@ -13,6 +13,7 @@ contribution must come with a test that fails without it), and a patch that
 does not apply to pristine vLLM without the patches before it.
 """
 
+import contextlib
 import os
 import re
 import shutil
@@ -27,6 +28,7 @@ from vllm_overlay.export import (
     commit_identity,
     format_patch_bytes,
     git,
+    git_cause,
     git_run,
     materialize,
     pristine_files,
@@ -108,21 +110,29 @@ def extract(
             Path(scratch) / "tree",
         )
         description = pr_description(patch, series, tests, _message(mbox))
-        staging = Path(tempfile.mkdtemp(prefix=f".{stem}-", dir=_made(out)))
+        made = _made(out)
+        staging = Path(tempfile.mkdtemp(prefix=f".{stem}-", dir=out))
         try:
             (staging / f"{stem}.mbox").write_bytes(mbox)
             (staging / DESCRIPTION_FILE).write_text(description, encoding="utf-8")
             if repo is not None:
                 _apply_on_branch(repo, branch, staging / f"{stem}.mbox")
             os.replace(staging, target)
-        finally:
+        except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
+            for directory in made:
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+            raise
     return Extraction(target, branch if repo is not None else None, tests)
 
 
-def _made(directory: Path) -> Path:
+def _made(directory: Path) -> list[Path]:
+    """Create `directory`; return the directories that did not exist before,
+    deepest first, so that a failed extraction can take them away again."""
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]
     directory.mkdir(parents=True, exist_ok=True)
-    return directory
+    return missing
 
 
 def _find(series: Series, name: str) -> Patch:
@@ -141,14 +151,12 @@ def _check_contribution_repo(repo: Path, branch: str) -> None:
     """A vLLM checkout with nothing uncommitted and no branch of that name."""
     if not (repo / ".git").exists() or not (repo / "vllm").is_dir():
         raise OverlayError(f"{repo} is not a vLLM git checkout")
-    if _user_git(repo, "status", "--porcelain").stdout.strip():
+    if _own_git(repo, "status", "--porcelain").stdout.strip():
         raise OverlayError(
             f"{repo} has uncommitted changes; commit or stash them first"
         )
     if (
-        _user_git(
-            repo, "rev-parse", "--verify", "-q", f"refs/heads/{branch}"
-        ).returncode
+        _own_git(repo, "rev-parse", "--verify", "-q", f"refs/heads/{branch}").returncode
         == 0
     ):
         raise OverlayError(f"{repo} already has a branch {branch}; delete or rename it")
@@ -159,7 +167,7 @@ def signoff_identity(where: Path) -> str:
     certifies a person, so there is no default."""
     values = []
     for key in ("user.name", "user.email"):
-        proc = _user_git(where, "config", key)
+        proc = _own_git(where, "config", key)
         if proc.returncode != 0 or not proc.stdout.strip():
             raise OverlayError(
                 f"git has no {key} for {where}; the Signed-off-by line needs "
@@ -247,30 +255,25 @@ def _apply_on_branch(repo: Path, branch: str, mbox: Path) -> None:
     """`git am --3way` on a new branch from HEAD; on failure the branch is
     deleted and the checkout is where it was. The maintainer's checkout is
     left on the branch it was on either way."""
-    start = _user_git(repo, "rev-parse", "--abbrev-ref", "HEAD").stdout.strip()
+    start = _own_git(repo, "rev-parse", "--abbrev-ref", "HEAD").stdout.strip()
     start = (
-        start
-        if start != "HEAD"
-        else _user_git(repo, "rev-parse", "HEAD").stdout.strip()
+        start if start != "HEAD" else _own_git(repo, "rev-parse", "HEAD").stdout.strip()
     )
-    _user_git(repo, "checkout", "-q", "-b", branch)
-    applied = _user_git(repo, "am", "-q", "--3way", str(mbox))
+    _own_git(repo, "checkout", "-q", "-b", branch)
+    applied = _own_git(repo, "am", "-q", "--3way", str(mbox))
     if applied.returncode != 0:
-        _user_git(repo, "am", "--abort")
-    _user_git(repo, "checkout", "-q", start)
+        _own_git(repo, "am", "--abort")
+    _own_git(repo, "checkout", "-q", start)
     if applied.returncode != 0:
-        _user_git(repo, "branch", "-q", "-D", branch)
-        lines = (applied.stderr or applied.stdout).strip().splitlines() or ["failed"]
+        _own_git(repo, "branch", "-q", "-D", branch)
         raise OverlayError(
-            f"the contribution does not apply to {repo} HEAD: {lines[-1]}"
+            f"the contribution does not apply to {repo} HEAD: {git_cause(applied)}"
         )
 
 
-def _user_git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """git with the maintainer's own config: their identity and checkout."""
-    return subprocess.run(
-        ["git", *args], cwd=repo, capture_output=True, text=True, check=False
-    )
+def _own_git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """git in the maintainer's own checkout, with their config."""
+    return git_run(repo, *args, user_config=True)
 
 
 def pr_description(

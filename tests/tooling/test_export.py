@@ -62,6 +62,17 @@ def test_check_reports_a_hand_edited_patch(project, capsys, edit):
     assert f"differs from what refresh writes: {PATCH}" in err
 
 
+def test_check_names_gits_cause_when_a_patch_does_not_apply(project, capsys):
+    path = project.series_dir / PATCH
+    path.write_text(path.read_text().replace(" line 19\n", " line nineteen\n", 1))
+    code, out, err = run_cli(capsys, "refresh", RELEASE, "--check")
+    assert (code, out) == (1, "")
+    assert err == (
+        f"vllm-overlay: error: {PATCH} does not apply: patch failed: "
+        f"{SCHEDULER}:17; {SCHEDULER}: patch does not apply\n"
+    )
+
+
 def test_check_reports_a_hand_edited_series_file(project, capsys):
     series = project.series_dir / "series"
     series.write_text(series.read_text() + "\n")
