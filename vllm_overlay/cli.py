@@ -135,9 +135,15 @@ def _report_rebase(outcome: RebaseOutcome) -> None:
 def _extract(args: argparse.Namespace) -> int:
     done = extract(args.patch, args.base, args.repo, args.out)
     print(f"wrote {done.directory} (the PR description and the mbox)")
+    if done.prerequisites:
+        print(
+            f"stacked on {', '.join(done.prerequisites)}: it applies to pristine "
+            "vLLM only after them, so they come first, one commit each"
+        )
     if done.branch is not None:
         print(f"created branch {done.branch} in {args.repo}")
-    print(f"new upstream tests: {done.tests.package}/")
+    for tests in done.tests:
+        print(f"new upstream tests: {tests.package}/")
     return 0
 
 

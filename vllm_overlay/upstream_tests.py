@@ -12,9 +12,11 @@ module most often.
 """
 
 import ast
+import io
 import re
+import tokenize
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,9 +25,24 @@ from vllm_overlay.series import PACKAGE_DIR, TESTS_DIR, Patch
 from vllm_overlay.source_overlay import module_name
 
 PROBES_DIR = Path("tests") / "probes"
+# The two lines vLLM's `tools/pre_commit/check_spdx_header.py` requires in
+# every Python file.
 _LICENSE = (
     "# SPDX-License-Identifier: Apache-2.0\n"
     "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
+)
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+_DOCUMENTED = (ast.Module, *_DEFINITIONS)
+_LABEL = re.compile(r'^(\s*(?:[rRbBuU]?"""|\'\'\'))Probe: (\w)')
+# Our words for what upstream calls tests, in comments and docstrings only.
+_PLAIN_WORDS = (
+    (re.compile(r"\bProbes\b"), "Tests"),
+    (re.compile(r"\bprobes\b"), "tests"),
+    (re.compile(r"\bProbe\b"), "Test"),
+    (re.compile(r"\bprobe\b"), "test"),
+    (re.compile(r"\bPatched, "), "With this change, "),
+    (re.compile(r"\bThe patch\b"), "This change"),
+    (re.compile(r"\bthe patch\b"), "this change"),
 )
 
 
@@ -38,22 +55,136 @@ class ConvertedTests:
     test_ids: tuple[str, ...]
 
 
-def convert_probes(patch: Patch, repo_root: Path, sdist_tree: Path) -> ConvertedTests:
+def convert_probes(
+    patch: Patch, repo_root: Path, sdist_tree: Path, series: Sequence[Patch] = ()
+) -> ConvertedTests:
     """The patch's probe modules and everything local they need, as one test
-    package under the upstream directory chosen for the patch."""
-    modules = sorted({probe.split("::", 1)[0] for probe in patch.probes})
+    package under the upstream directory chosen for the patch.
+
+    A probe module can hold the probes of several patches of `series`; each
+    patch's package keeps only its own (plus, for the patch that cites the
+    module first, the tests no patch cites), so that every commit of a
+    stacked contribution passes its own tests."""
     local = _local_modules(repo_root / PROBES_DIR)
-    wanted = [Path(m).stem for m in modules]
-    needed = _closure(wanted, local)
+    modules = sorted({Path(probe.split("::", 1)[0]).stem for probe in patch.probes})
+    missing = [name for name in modules if name not in local]
+    if missing:
+        raise OverlayError(f"no probe module {', '.join(missing)} in {PROBES_DIR}")
+    local.update(
+        (name, _without_tests(source, _foreign_tests(patch, name, source, series)))
+        for name, source in [(name, local[name]) for name in modules]
+    )
+    needed = _closure(modules, local)
     package = f"{upstream_test_dir(patch, sdist_tree)}/{_package_name(patch)}"
     files = {f"{package}/__init__.py": _LICENSE}
     for name in sorted(needed):
         source = local[name]
         if name == "conftest":
             source = _prune_fixtures(source, [local[n] for n in needed - {name}])
-        files[f"{package}/{name}.py"] = _relative_imports(source, set(local))
+        source = _relative_imports(source, set(local))
+        files[f"{package}/{name}.py"] = _LICENSE + "\n" + _plain_prose(source)
     test_ids = tuple(f"{package}/{probe.split('/')[-1]}" for probe in patch.probes)
     return ConvertedTests(package, files, test_ids)
+
+
+def _cited(patch: Patch, module: str) -> set[str]:
+    """The top-level tests of `module` that `patch` cites as probes."""
+    return {
+        re.split(r"::|\[", probe.split("::", 1)[1])[0]
+        for probe in patch.probes
+        if "::" in probe and Path(probe.split("::", 1)[0]).stem == module
+    }
+
+
+def _foreign_tests(
+    patch: Patch, module: str, source: str, series: Sequence[Patch]
+) -> set[str]:
+    """The tests of `module` that belong to another patch of `series`: those
+    another patch cites and `patch` does not, and, when an earlier patch
+    cites the module (it is that patch's), every test `patch` does not cite."""
+    own = _cited(patch, module)
+    others = [p for p in series if p.name != patch.name and _cited(p, module)]
+    position = series.index(patch) if patch in series else len(series)
+    if any(series.index(p) < position for p in others):
+        return {node.name for node in _tests(ast.parse(source))} - own
+    return set().union(*(_cited(p, module) for p in others)) - own
+
+
+def _tests(tree: ast.Module) -> list[ast.stmt]:
+    return [
+        node
+        for node in tree.body
+        if isinstance(node, _DEFINITIONS) and node.name.startswith(("test_", "Test"))
+    ]
+
+
+def _without_tests(source: str, foreign: set[str]) -> str:
+    """`source` without the top-level tests named in `foreign`, and without
+    the imports nothing left uses."""
+    doomed = [node for node in _tests(ast.parse(source)) if node.name in foreign]
+    return _unused_imports_dropped(_deleted(source, doomed)) if doomed else source
+
+
+def _deleted(source: str, nodes: Iterable[ast.stmt]) -> str:
+    """`source` without the statements `nodes` (decorators included) and the
+    blank lines after each."""
+    lines = source.splitlines(keepends=True)
+    for node in sorted(nodes, key=lambda n: -n.lineno):
+        decorators = getattr(node, "decorator_list", [])
+        start = min([node.lineno, *(d.lineno for d in decorators)]) - 1
+        end = node.end_lineno or node.lineno
+        while end < len(lines) and not lines[end].strip():
+            end += 1
+        del lines[start:end]
+    return "".join(lines).rstrip("\n") + "\n"
+
+
+def _unused_imports_dropped(source: str) -> str:
+    """`source` without the top-level imports whose names nothing uses any
+    more (the tests that used them went to another patch's package)."""
+    tree = ast.parse(source)
+    imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    used = set().union(
+        *(_referenced_names_of(n) for n in tree.body if n not in imports)
+    )
+    unused = [
+        node
+        for node in imports
+        if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+        and all(_bound_name(alias) not in used for alias in node.names)
+    ]
+    return _deleted(source, unused) if unused else source
+
+
+def _bound_name(alias: ast.alias) -> str:
+    return alias.asname or alias.name.split(".")[0]
+
+
+def _plain_prose(source: str) -> str:
+    """Comments and docstrings in upstream's words: a probe is a test there,
+    and a module docstring does not open with our `Probe:` label."""
+    strings = {
+        node.body[0].value.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, _DOCUMENTED)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+        and isinstance(node.body[0].value.value, str)
+    }
+    lines = source.splitlines(keepends=True)
+    prose = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT or (
+            token.type == tokenize.STRING and token.start[0] in strings
+        ):
+            prose.update(range(token.start[0] - 1, token.end[0]))
+    for index in sorted(prose):
+        line = _LABEL.sub(lambda m: m.group(1) + m.group(2).upper(), lines[index])
+        for word, plain in _PLAIN_WORDS:
+            line = word.sub(plain, line)
+        lines[index] = line
+    return "".join(lines)
 
 
 def upstream_test_dir(patch: Patch, sdist_tree: Path) -> str:
@@ -89,9 +220,6 @@ def _local_modules(probes: Path) -> dict[str, str]:
 def _closure(wanted: list[str], local: dict[str, str]) -> set[str]:
     """`wanted` and every local module they import, transitively; the
     conftest always, since its fixtures reach tests without an import."""
-    missing = [name for name in wanted if name not in local]
-    if missing:
-        raise OverlayError(f"no probe module {', '.join(missing)} in {PROBES_DIR}")
     start = [*wanted, *(["conftest"] if "conftest" in local else [])]
     return _reachable(
         start, lambda name: (n for n in _imported_names(local[name]) if n in local)

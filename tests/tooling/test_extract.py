@@ -1,7 +1,9 @@
 """`vllm-overlay extract`: one patch as an upstream contribution, from the
 synthetic release; the probe check runs in a fake release environment."""
 
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,10 +12,13 @@ from conftest import (
     RELEASE,
     SCHEDULER,
     SCHEDULER_SOURCE,
+    TRAILERS,
     fake_release_env,
     format_patch,
     run_cli,
 )
+
+from vllm_overlay.locations import cache_root
 
 PATCH = "scheduler-demo.patch"
 PACKAGE = "tests/v1/core/scheduler_demo"
@@ -34,12 +39,25 @@ def scheduler_text():
 def unused_fixture():
     return 1
 """
-PROBE = """from demo_helper import PATCHED_LINE
+PROBE = '''"""Probe: the demo line is patched."""
+
+import pytest
+from demo_helper import PATCHED_LINE
 
 
+# The probes read the installed file.
 def test_demo(scheduler_text):
     assert PATCHED_LINE in scheduler_text
-"""
+
+
+@pytest.mark.parametrize("line", [PATCHED_LINE])
+def test_twice(scheduler_text, line):
+    assert line + " twice" in scheduler_text
+'''
+SPDX = (
+    "# SPDX-License-Identifier: Apache-2.0\n"
+    "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project\n"
+)
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -99,16 +117,25 @@ def test_mbox_and_description(ready, tmp_path, capsys):
     assert "+from .demo_helper import PATCHED_LINE" in mbox
     assert "+def scheduler_text():" in mbox
     assert "unused_fixture" not in mbox
+    # our words are upstream's there: no `Probe:` label, tests not probes
+    assert '+"""The demo line is patched."""' in mbox
+    assert "+# The tests read the installed file." in mbox
+    assert "Probe" not in mbox and "probe" not in mbox.replace("tests/probes", "")
+    assert "+def test_twice(" in mbox  # cited by no patch: kept
+
     description = (directory / "PR.md").read_text()
     assert description.startswith("# scheduler: demo change\n")
-    assert "## Motivation\n\nWhy.\n" in description
+    assert description.index("## Purpose") < description.index("## Test Plan")
+    assert description.index("## Test Plan") < description.index("## Test Result")
     assert (
-        "## Summary\n\nScheduler: demo change. Changes "
+        "## Purpose\n\nScheduler: demo change. Changes "
         f"`{SCHEDULER}`; adds the tests in `{PACKAGE}/`.\n"
     ) in description
-    assert f"```bash\npytest {PACKAGE} -v\n```" in description
-    assert f"- `{PACKAGE}/test_demo.py::test_demo`" in description
-    assert "fail on vLLM 9.9.0 without this change" in description
+    assert "\nWhy.\n" in description
+    assert f"based on vLLM v9.9.0:\n\n```bash\npytest {PACKAGE} -v\n```" in description
+    assert f"- `{PACKAGE}/test_demo.py::test_demo`: failed" in description
+    for jargon in ("Probe", "probe", "overlay", "with the patch", "series"):
+        assert jargon not in description
 
 
 def vllm_checkout(tmp_path: Path, scheduler: str = SCHEDULER_SOURCE) -> Path:
@@ -132,7 +159,8 @@ def test_branch_in_a_vllm_checkout(ready, tmp_path, capsys):
     assert message.startswith("scheduler: demo change\n\nWhy.\n\n" + SIGNOFF)
     assert git(repo, "show", f"overlay/scheduler-demo:{SCHEDULER}") == PATCHED
     test = git(repo, "show", f"overlay/scheduler-demo:{PACKAGE}/test_demo.py")
-    assert test.startswith("from .demo_helper import")
+    assert test.startswith(SPDX)
+    assert "\nfrom .demo_helper import PATCHED_LINE\n" in test
 
 
 def test_failed_apply_leaves_the_checkout_as_it_was(ready, tmp_path, capsys):
@@ -186,21 +214,103 @@ def test_without_a_release_environment_it_is_refused(
     assert_refused(capsys, tmp_path, "no environment (run tools/test.sh 9.9.0)")
 
 
-def test_patch_needing_an_earlier_one_is_refused(ready, tmp_path, capsys):
-    ready.add_patch(
+def add_follow_up(project, status: str = "Pending") -> None:
+    """A patch that applies only on top of scheduler-demo.patch, with a
+    probe of its own in the same module."""
+    project.add_patch(
         "scheduler-follow-up.patch",
         format_patch(
-            ready.workdir,
+            project.workdir,
             {SCHEDULER: PATCHED},
             {SCHEDULER: PATCHED.replace(", patched\n", ", patched twice\n")},
             subject="scheduler: follow-up",
+            trailers=TRAILERS.replace("Pending", status).replace(
+                "test_demo.py::test_demo", "test_demo.py::test_twice"
+            ),
         ),
     )
+
+
+def test_patch_needing_an_earlier_one_is_sent_as_a_stack(ready, tmp_path, capsys):
+    add_follow_up(ready)
+    repo = vllm_checkout(tmp_path)
+    code, out, err = run_cli(
+        capsys,
+        *("extract", "scheduler-follow-up", "--out", str(tmp_path / "out")),
+        *("--repo", str(repo)),
+    )
+    assert code == 0, err
+    assert "stacked on scheduler-demo.patch" in out
+    log = git(repo, "log", "--format=%s", "main..overlay/scheduler-follow-up")
+    assert log.split("\n")[:2] == ["scheduler: follow-up", "scheduler: demo change"]
+    directory = tmp_path / "out" / "scheduler-follow-up"
+    mbox = (directory / "scheduler-follow-up.mbox").read_text()
+    assert mbox.count(SIGNOFF) == 2
+    # each commit carries its own tests, and only its own
+    first = git(repo, "show", f"overlay/scheduler-follow-up~1:{PACKAGE}/test_demo.py")
+    assert "def test_demo(" in first and "test_twice" not in first
+    follow_up = "tests/v1/core/scheduler_follow_up/test_demo.py"
+    second = git(repo, "show", f"overlay/scheduler-follow-up:{follow_up}")
+    assert "def test_twice(" in second and "test_demo(" not in second
+    description = (directory / "PR.md").read_text()
+    assert "**Depends on an earlier change**, included as the first commit" in (
+        description
+    )
+    assert "- scheduler: demo change\n" in description
+    assert "scheduler_demo/test_demo.py::test_demo`: failed" in description
+    assert "scheduler_follow_up/test_demo.py::test_twice`: failed" in description
+
+
+def test_stack_refusals_come_before_the_probes(ready, tmp_path, capsys, monkeypatch):
+    def no_probes(*args):
+        raise AssertionError("the probes ran before the refusal")
+
+    monkeypatch.setattr("vllm_overlay.extract.run_pristine", no_probes)
+    path = ready.series_dir / PATCH
+    path.write_text(
+        path.read_text().replace(
+            "Upstream-Status: Pending", "Upstream-Status: Inappropriate overlay only"
+        )
+    )
+    add_follow_up(ready)
     code, out, err = run_cli(
         capsys, "extract", "scheduler-follow-up", "--out", str(tmp_path / "out")
     )
     assert (code, out) == (1, "")
-    assert "without the patches before it (scheduler-demo.patch)" in err
+    assert (
+        "scheduler-follow-up.patch applies to pristine vLLM only after "
+        "scheduler-demo.patch, which is Upstream-Status: Inappropriate" in err
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_references_link_to_their_own_projects(ready, tmp_path, capsys):
+    sdist = ready.cache / "sources" / f"vllm-{RELEASE}"
+    (sdist / SCHEDULER).parent.mkdir(parents=True)
+    (sdist / SCHEDULER).write_text(SCHEDULER_SOURCE)
+    path = ready.series_dir / PATCH
+    path.write_text(
+        path.read_text().replace(
+            "\n\nWhy.\n",
+            "\n\nWhy: LMCache #2863, vllm#40001, #40002, acme/kv#789; see\n"
+            "sched/scheduler.py:20 and lmcache/v1/cache.py:3.\n",
+        )
+    )
+    code, _, err = extract(capsys, tmp_path)
+    assert code == 0, err
+    description = (tmp_path / "out" / "scheduler-demo" / "PR.md").read_text()
+    for link in (
+        "https://github.com/LMCache/LMCache/pull/2863",
+        "https://github.com/vllm-project/vllm/pull/40001",
+        "https://github.com/vllm-project/vllm/pull/40002",
+        "https://github.com/acme/kv/pull/789",
+    ):
+        assert f"- {link}\n" in description
+    assert "vllm-project/vllm/pull/2863" not in description
+    assert (
+        "Line numbers in references to vLLM files (`sched/scheduler.py:20`) are "
+        "those of vLLM v9.9.0" in description
+    )
 
 
 @pytest.mark.parametrize(
@@ -240,3 +350,46 @@ def test_existing_output_is_refused(ready, tmp_path, capsys):
 def test_missing_identity_is_refused(ready, tmp_path, capsys, identity):
     identity.write_text("")
     assert_refused(capsys, tmp_path, "git has no user.name")
+
+
+def cached_vllm_sources() -> Path | None:
+    """The newest release sources in the real cache that hold vLLM's SPDX
+    check and ruff config (read only)."""
+    found = [
+        path
+        for path in (cache_root() / "sources").glob("vllm-*")
+        if (path / SPDX_CHECK).is_file() and (path / "pyproject.toml").is_file()
+    ]
+    return max(found, key=lambda p: p.name, default=None)
+
+
+SPDX_CHECK = "tools/pre_commit/check_spdx_header.py"
+VLLM_SOURCES = cached_vllm_sources()
+
+
+@pytest.mark.skipif(
+    VLLM_SOURCES is None,
+    reason="no cached vLLM release sources with tools/pre_commit/"
+    "check_spdx_header.py (run tools/test.sh RELEASE once)",
+)
+def test_new_tests_pass_vllms_offline_checks(ready, tmp_path, capsys):
+    assert VLLM_SOURCES is not None
+    sdist = ready.cache / "sources" / f"vllm-{RELEASE}"
+    shutil.copy(VLLM_SOURCES / "pyproject.toml", sdist / "pyproject.toml")
+    (sdist / "vllm").mkdir()  # where ruff finds that `vllm` is first-party
+    repo = vllm_checkout(tmp_path)
+    code, _, err = extract(capsys, tmp_path, "--repo", str(repo))
+    assert code == 0, err
+    git(repo, "checkout", "-q", "overlay/scheduler-demo")
+    files = sorted(str(path) for path in (repo / PACKAGE).glob("*.py"))
+    assert len(files) == 4
+    config = ("--no-cache", "--config", str(VLLM_SOURCES / "pyproject.toml"))
+    for command in (
+        [str(VLLM_SOURCES / SPDX_CHECK)],
+        ["-m", "ruff", "check", *config],
+        ["-m", "ruff", "format", "--check", *config],
+    ):
+        proc = subprocess.run(
+            [sys.executable, *command, *files], capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
