@@ -80,7 +80,9 @@ def convert_probes(
     for name in sorted(needed):
         source = local[name]
         if name == "conftest":
-            source = _prune_fixtures(source, [local[n] for n in needed - {name}])
+            source = _unused_imports_dropped(
+                _prune_fixtures(source, [local[n] for n in needed - {name}])
+            )
         source = _relative_imports(source, set(local))
         files[f"{package}/{name}.py"] = _LICENSE + "\n" + _plain_prose(source)
     test_ids = tuple(f"{package}/{probe.split('/')[-1]}" for probe in patch.probes)
@@ -140,20 +142,25 @@ def _deleted(source: str, nodes: Iterable[ast.stmt]) -> str:
 
 
 def _unused_imports_dropped(source: str) -> str:
-    """`source` without the top-level imports whose names nothing uses any
-    more (the tests that used them went to another patch's package)."""
+    """`source` without the top-level imports, or the names of an import,
+    that nothing uses any more (the tests or fixtures that used them were
+    left out). A shortened import is written plainly; ruff formats it."""
     tree = ast.parse(source)
     imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
     used = set().union(
         *(_referenced_names_of(n) for n in tree.body if n not in imports)
     )
-    unused = [
-        node
-        for node in imports
-        if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
-        and all(_bound_name(alias) not in used for alias in node.names)
-    ]
-    return _deleted(source, unused) if unused else source
+    lines = source.splitlines(keepends=True)
+    for node in sorted(imports, key=lambda n: -n.lineno):
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            continue
+        kept = [alias for alias in node.names if _bound_name(alias) in used]
+        if len(kept) == len(node.names):
+            continue
+        node.names = kept
+        text = [ast.unparse(node) + "\n"] if kept else []
+        lines[node.lineno - 1 : node.end_lineno] = text
+    return "".join(lines)
 
 
 def _bound_name(alias: ast.alias) -> str:

@@ -24,7 +24,8 @@ PATCH = "scheduler-demo.patch"
 PACKAGE = "tests/v1/core/scheduler_demo"
 SIGNOFF = "Signed-off-by: Ann Maintainer <ann@example.invalid>"
 PROBE_CONFTEST = """import importlib.util
-from pathlib import Path
+import os
+from pathlib import Path, PurePath
 
 import pytest
 
@@ -37,7 +38,7 @@ def scheduler_text():
 
 @pytest.fixture
 def unused_fixture():
-    return 1
+    return os.sep, PurePath()
 """
 PROBE = '''"""Probe: the demo line is patched."""
 
@@ -117,6 +118,9 @@ def test_mbox_and_description(ready, tmp_path, capsys):
     assert "+from .demo_helper import PATCHED_LINE" in mbox
     assert "+def scheduler_text():" in mbox
     assert "unused_fixture" not in mbox
+    # only the left-out fixture used these
+    assert "+import os\n" not in mbox and "PurePath" not in mbox
+    assert "+from pathlib import Path\n" in mbox
     # our words are upstream's there: no `Probe:` label, tests not probes
     assert '+"""The demo line is patched."""' in mbox
     assert "+# The tests read the installed file." in mbox
