@@ -19,7 +19,13 @@ from vllm_overlay.rebase import (
     start_rebase,
 )
 from vllm_overlay.release import build_release
-from vllm_overlay.status import format_json, format_table, record_status, status
+from vllm_overlay.status import (
+    format_json,
+    format_table,
+    record_status,
+    refuse_unrecordable,
+    status,
+)
 from vllm_overlay.table import TABLE_FILE, render_table
 
 
@@ -63,15 +69,16 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    if args.record:
+        refuse_unrecordable(args.releases)
     rows = status(args.releases, probe=args.probe)
     formatted = format_json if args.json else format_table
     print(formatted(rows, probe=args.probe), end="")
     if args.record:
         recorded = record_status(rows)
-        if not recorded:
-            raise OverlayError("--record keeps verdicts of pinned releases only")
         print(
-            f"recorded the verdicts for {', '.join(recorded)} in {TABLE_FILE}",
+            f"recorded the verdicts for {', '.join(recorded) or 'no patch'} "
+            f"in {TABLE_FILE}",
             file=sys.stderr,
         )
     return 0

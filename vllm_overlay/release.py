@@ -2,16 +2,37 @@
 
 from pathlib import Path
 
+from packaging.version import Version
+
 from vllm_overlay.fetch import fetch_wheel
 from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.pins import ReleasePin, load_pins, resolve_release
-from vllm_overlay.series import Series, load_series
+from vllm_overlay.series import Series, has_series, load_series
 from vllm_overlay.wheelbuild import SourceWheel, build_patched_wheel
 
 
 def pinned_releases(root: Path | None = None) -> dict[str, ReleasePin]:
     root = root or patches_root()
     return load_pins(root / PINS_FILE)
+
+
+def nearest_release(pins: dict[str, ReleasePin], version: str) -> ReleasePin:
+    """The pinned release whose series best fits `version`: the greatest one
+    not after it (upstream changes accumulate, so the newest older series is
+    closest), else the oldest pinned one."""
+    ordered = sorted(pins, key=Version)
+    older = [v for v in ordered if Version(v) <= Version(version)]
+    return pins[older[-1] if older else ordered[0]]
+
+
+def nearest_series(
+    root: Path, pins: dict[str, ReleasePin], version: str
+) -> ReleasePin | None:
+    """`nearest_release` among the pinned releases that have a series (None
+    when none has one yet): a release pinned but not rebased onto yet has
+    nothing to offer."""
+    with_series = {v: pin for v, pin in pins.items() if has_series(root, v)}
+    return nearest_release(with_series, version) if with_series else None
 
 
 def release_series(version: str | None, root: Path | None = None) -> Series:

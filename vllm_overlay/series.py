@@ -137,10 +137,16 @@ def series_dir(patches_root: Path, version: str) -> Path:
     return patches_root / "vllm" / f"v{version}"
 
 
+def has_series(patches_root: Path, version: str) -> bool:
+    """Whether the release has a series: a release is pinned first and gets
+    its series from `vllm-overlay rebase`, so in between it has none."""
+    return (series_dir(patches_root, version) / SERIES_FILE).is_file()
+
+
 def load_series(patches_root: Path, release: ReleasePin) -> Series:
     """The release's series, or an `OverlayError` naming its first defect."""
     directory = series_dir(patches_root, release.version)
-    if not (directory / SERIES_FILE).is_file():
+    if not has_series(patches_root, release.version):
         raise OverlayError(
             f"vLLM {release.version} has no series ({directory / SERIES_FILE} "
             "does not exist)"

@@ -46,8 +46,8 @@ from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.locking import exclusive
 from vllm_overlay.pins import ReleasePin
 from vllm_overlay.probing import probe_verdicts
-from vllm_overlay.release import pinned_releases
-from vllm_overlay.series import PACKAGE_DIR, Patch, Series, load_series
+from vllm_overlay.release import nearest_series, pinned_releases
+from vllm_overlay.series import PACKAGE_DIR, Patch, Series, has_series, load_series
 from vllm_overlay.table import TABLE_FILE, render_table
 from vllm_overlay.verdicts import record_verdicts
 
@@ -88,12 +88,18 @@ def status(
     for asked in wanted:
         pin = _pinned(pins, asked)
         version = pin.version if pin else asked
-        series = load_series(root, nearest_release(pins, version))
-        print(
-            f"vllm-overlay: checking vLLM {version} against the "
-            f"{series.release.version} series",
-            file=sys.stderr,
-        )
+        nearest = nearest_series(root, pins, version)
+        if nearest is None:
+            raise OverlayError("no pinned release has a series yet: nothing to check")
+        series = load_series(root, nearest)
+        checking = f"checking vLLM {version} against the {nearest.version} series"
+        if pin is not None and nearest.version != version:
+            checking = (
+                f"vLLM {version} is pinned but has no series yet (run `vllm-overlay "
+                f"rebase {nearest.version} {version}`); checking it against the "
+                f"{nearest.version} series"
+            )
+        print(f"vllm-overlay: {checking}", file=sys.stderr)
         wheel = _release_wheel(pin, version, cache)
         checked = check_release(series, version, pin is not None, wheel)
         if probe:
@@ -101,6 +107,21 @@ def status(
             checked = [replace(row, probe=verdicts[row.patch]) for row in checked]
         rows.extend(checked)
     return rows
+
+
+def refuse_unrecordable(versions: list[str], root: Path | None = None) -> None:
+    """`--record` keeps verdicts about a pinned release's own series only, so
+    any other release named is refused before anything is downloaded,
+    checked or printed."""
+    root = root or patches_root()
+    pins = pinned_releases(root)
+    for asked in map(_normalise, versions):
+        pin = _pinned(pins, asked)
+        if pin is None or not has_series(root, pin.version):
+            raise OverlayError(
+                f"vLLM {pin.version if pin else asked} has no series of its own; "
+                "--record keeps the verdicts of a pinned release's own series only"
+            )
 
 
 def _normalise(version: str) -> str:
@@ -118,15 +139,6 @@ def _pinned(pins: dict[str, ReleasePin], version: str) -> ReleasePin | None:
     """The pin of `version` compared as a version, so `0.33` finds `0.33.0`
     instead of downloading the same release unverified."""
     return next((p for v, p in pins.items() if Version(v) == Version(version)), None)
-
-
-def nearest_release(pins: dict[str, ReleasePin], version: str) -> ReleasePin:
-    """The pinned release whose series best fits `version`: the greatest one
-    not after it (upstream changes accumulate, so the newest older series is
-    closest), else the oldest pinned one."""
-    ordered = sorted(pins, key=Version)
-    older = [v for v in ordered if Version(v) <= Version(version)]
-    return pins[older[-1] if older else ordered[0]]
 
 
 def _release_wheel(pin: ReleasePin | None, version: str, cache: Path) -> Path:
@@ -264,7 +276,7 @@ def format_table(rows: list[PatchStatus], probe: bool = False) -> str:
     columns = (*_COLUMNS[:-1], "probe", _COLUMNS[-1]) if probe else _COLUMNS
     cells = [columns] + [
         (
-            row.release if row.pinned else f"{row.release} (unpinned)",
+            _release_label(row),
             row.series,
             row.patch,
             row.verdict,
@@ -279,6 +291,15 @@ def format_table(rows: list[PatchStatus], probe: bool = False) -> str:
         + "\n"
         for line in cells
     )
+
+
+def _release_label(row: PatchStatus) -> str:
+    """The release cell: whether its verdicts are about its own series."""
+    if not row.pinned:
+        return f"{row.release} (unpinned)"
+    if row.series != row.release:
+        return f"{row.release} (no series yet)"
+    return row.release
 
 
 def format_json(rows: list[PatchStatus], probe: bool = False) -> str:

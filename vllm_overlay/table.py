@@ -9,9 +9,9 @@ from pathlib import Path
 from packaging.version import Version
 
 from vllm_overlay.history import read_history
-from vllm_overlay.pins import load_pins
-from vllm_overlay.release import PINS_FILE
-from vllm_overlay.series import load_series
+from vllm_overlay.pins import ReleasePin, load_pins
+from vllm_overlay.release import PINS_FILE, nearest_series
+from vllm_overlay.series import has_series, load_series
 from vllm_overlay.verdicts import read_verdicts, verdict_cell
 
 TABLE_FILE = "PATCHES.md"
@@ -35,6 +35,9 @@ def render_table(patches_root: Path) -> str:
     verdicts = read_verdicts(patches_root)
     parts = [HEADER]
     for version in sorted(pins, key=Version, reverse=True):
+        if not has_series(patches_root, version):
+            parts.append(_pending_section(patches_root, pins, version))
+            continue
         series = load_series(patches_root, pins[version])
         parts.append(f"\n## vLLM {version} — `{series.series_id}`\n\n")
         if not series.patches:
@@ -59,6 +62,15 @@ def render_table(patches_root: Path) -> str:
             parts.append("| " + " | ".join(cells) + " |\n")
     parts.append(_history_section(patches_root))
     return "".join(parts)
+
+
+def _pending_section(
+    patches_root: Path, pins: dict[str, ReleasePin], version: str
+) -> str:
+    """A pinned release without a series yet: what writes it."""
+    nearest = nearest_series(patches_root, pins, version)
+    how = f": run `vllm-overlay rebase {nearest.version} {version}`" if nearest else ""
+    return f"\n## vLLM {version} — no series yet\n\nPinned, but no series yet{how}.\n"
 
 
 def _history_section(patches_root: Path) -> str:

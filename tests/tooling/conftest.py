@@ -158,6 +158,22 @@ class Project:
             "wheels = [\n" + "\n".join(entries) + "\n]\n"
         )
 
+    def pin_release(self, version: str, scheduler: str) -> None:
+        """Pin one more release, whose scheduler is `scheduler`, and cache its
+        wheel; it has no series yet, as between pinning and `rebase`."""
+        wheel = make_wheel(
+            self.cache / "wheels" / f"vllm-{version}-cp38-abi3-linux_x86_64.whl",
+            members={SCHEDULER: scheduler.encode()},
+        )
+        with (self.patches / "vllm" / "releases.toml").open("a") as pins:
+            pins.write(
+                f'\n[releases."{version}"]\nrevision = 1\n'
+                f'sdist = {{ filename = "vllm-{version}.tar.gz", '
+                f'sha256 = "{"0" * 64}" }}\n'
+                f'wheels = [{{ dist = "vllm", filename = "{wheel.name}", '
+                f'sha256 = "{sha256_file(wheel)}" }}]\n'
+            )
+
 
 def scheduler_edit(line: int, text: str) -> str:
     lines = SCHEDULER_SOURCE.splitlines(keepends=True)

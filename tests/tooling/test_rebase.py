@@ -12,10 +12,8 @@ from conftest import (
     SCHEDULER_SOURCE,
     TRAILERS,
     format_patch,
-    make_wheel,
     run_cli,
     scheduler_edit,
-    sha256_file,
 )
 
 from vllm_overlay.applier import apply_series
@@ -41,17 +39,7 @@ def git(cwd: Path, *args: str) -> str:
 
 def pin_target(project, scheduler: str) -> None:
     """Pin release TO, whose scheduler is `scheduler`, and cache its wheel."""
-    wheel = make_wheel(
-        project.cache / "wheels" / f"vllm-{TO}-cp38-abi3-linux_x86_64.whl",
-        members={SCHEDULER: scheduler.encode()},
-    )
-    with (project.patches / "vllm" / "releases.toml").open("a") as pins:
-        pins.write(
-            f'\n[releases."{TO}"]\nrevision = 1\n'
-            f'sdist = {{ filename = "vllm-{TO}.tar.gz", sha256 = "{"0" * 64}" }}\n'
-            f'wheels = [{{ dist = "vllm", filename = "{wheel.name}", '
-            f'sha256 = "{sha256_file(wheel)}" }}]\n'
-        )
+    project.pin_release(TO, scheduler)
 
 
 @pytest.fixture

@@ -25,8 +25,12 @@ from vllm_overlay.cli import main
 from vllm_overlay.lint import lint
 from vllm_overlay.pins import Artifact, ReleasePin
 from vllm_overlay.probing import probe_outcomes, probe_verdict
+from vllm_overlay.release import nearest_release as nearest
 from vllm_overlay.table import render_table
 from vllm_overlay.verdicts import VERDICTS_FILE, read_verdicts
+
+# A release pinned after 9.9.0 that has no series yet.
+NEXT = "9.10.0"
 
 
 @dataclass
@@ -147,7 +151,6 @@ def test_nearest_series_is_the_greatest_pinned_release_not_after():
         v: ReleasePin(v, 1, Artifact(f"vllm-{v}.tar.gz", "0" * 64), ())
         for v in ("0.31.0", "0.32.0", "0.33.0")
     }
-    nearest = status_module.nearest_release
     assert nearest(pins, "0.32.0").version == "0.32.0"
     assert nearest(pins, "0.32.5").version == "0.32.0"
     assert nearest(pins, "0.40.0").version == "0.33.0"
@@ -233,12 +236,53 @@ def test_record_keeps_the_verdict_for_patches_md(project, upstream, capsys):
     assert main(["table", "--check"]) == 0
 
 
-def test_record_ignores_unpinned_rows(project, upstream, capsys):
+@pytest.mark.parametrize("release", ["9.9.3", NEXT])
+def test_record_refuses_a_release_without_its_own_series_first(
+    project, upstream, capsys, release
+):
+    project.pin_release(NEXT, SCHEDULER_SOURCE)
     upstream.releases["9.9.3"] = PATCHED
-    code, _, err = run_cli(capsys, "status", "--record", "9.9.3")
-    assert code == 1
-    assert "--record keeps verdicts of pinned releases only" in err
-    assert read_verdicts(project.patches) == {}
+    code, out, err = run_cli(capsys, "status", "--record", release)
+    assert (code, out) == (1, "")
+    assert err == (
+        f"vllm-overlay: error: vLLM {release} has no series of its own; --record "
+        "keeps the verdicts of a pinned release's own series only\n"
+    )
+    assert upstream.calls == []
+    assert not (project.patches / VERDICTS_FILE).exists()
+    assert not (project.root / "PATCHES.md").exists()
+
+
+def test_pinned_release_without_series_is_checked_against_the_nearest(project, capsys):
+    project.pin_release(NEXT, "new first line\n" + SCHEDULER_SOURCE)
+    code, out, err = run_cli(capsys, "status")
+    assert code == 0, err
+    _, own, pending = out.splitlines()
+    assert own.split()[:4] == ["9.9.0", "9.9.0", "scheduler-demo.patch", "applies"]
+    assert pending.startswith(f"{NEXT} (no series yet)  9.9.0   scheduler-demo.patch")
+    assert "applies only with offset" in pending
+    assert (
+        f"vllm-overlay: vLLM {NEXT} is pinned but has no series yet (run "
+        f"`vllm-overlay rebase 9.9.0 {NEXT}`); checking it against the 9.9.0 series"
+    ) in err
+
+
+def test_unpinned_release_after_one_without_series_takes_the_nearest_series(
+    project, upstream, capsys
+):
+    project.pin_release(NEXT, SCHEDULER_SOURCE)
+    upstream.releases["9.11.0"] = PATCHED
+    (row,) = verdicts(capsys, "9.11.0")
+    assert (row["series"], row["verdict"]) == ("9.9.0", "already present")
+
+
+def test_record_skips_a_pinned_release_without_series(project, capsys):
+    project.pin_release(NEXT, SCHEDULER_SOURCE)
+    code, _, err = run_cli(capsys, "status", "--record")
+    assert code == 0, err
+    assert "recorded the verdicts for 9.9.0 in PATCHES.md" in err
+    assert {release for release, _ in read_verdicts(project.patches)} == {"9.9.0"}
+    assert main(["table", "--check"]) == 0
 
 
 def test_an_edited_patch_shows_a_stale_verdict(project, capsys):

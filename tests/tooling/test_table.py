@@ -1,5 +1,7 @@
 from pathlib import Path
 
+from conftest import SCHEDULER_SOURCE
+
 from vllm_overlay.cli import main
 from vllm_overlay.history import HISTORY_FILE
 from vllm_overlay.lint import lint
@@ -30,6 +32,17 @@ def test_write_then_check(project, capsys):
     assert "out of date" in capsys.readouterr().err
     assert main(["table", "--write"]) == 0
     assert target.read_text() == render_table(project.patches)
+    assert main(["table", "--check"]) == 0
+
+
+def test_pinned_release_without_series_has_a_section(project, capsys):
+    project.pin_release("9.10.0", SCHEDULER_SOURCE)
+    table = render_table(project.patches)
+    assert (
+        "\n## vLLM 9.10.0 — no series yet\n\nPinned, but no series yet: run "
+        "`vllm-overlay rebase 9.9.0 9.10.0`.\n\n## vLLM 9.9.0 — "
+    ) in table
+    assert main(["table", "--write"]) == 0
     assert main(["table", "--check"]) == 0
 
 
