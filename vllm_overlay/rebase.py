@@ -319,12 +319,9 @@ def _from_patches(state: RebaseState, root: Path) -> dict[str, Patch]:
 
 def _pick(repo: Path, patch: Patch, commit: str, to_version: str) -> str | None:
     """Replay one patch: None when kept, "conflict", or why it was dropped."""
-    backported = backport_release(patch)
-    if backported is not None and backported <= Version(to_version):
-        return (
-            f"Upstream-Status: Backport {backported}: vLLM {to_version} has the "
-            "upstream change"
-        )
+    dropped = backport_drop(patch, to_version)
+    if dropped is not None:
+        return dropped
     if _reverse_applies(repo, patch):
         return f"reverse-applies: vLLM {to_version} already has the change"
     proc = _git_run(
@@ -341,6 +338,19 @@ def _pick(repo: Path, patch: Patch, commit: str, to_version: str) -> str | None:
         git(repo, "reset", "-q", "--hard", "HEAD^")
         return f"empty after a 3-way merge: vLLM {to_version} already has the change"
     return None
+
+
+def backport_drop(patch: Patch, to_version: str) -> str | None:
+    """Why a rebase onto `to_version` drops `patch` before any merge: it is a
+    `Backport <release>` patch and TO is that release or later (see the module
+    docstring); None for any other patch. `status` shows the same drop."""
+    backported = backport_release(patch)
+    if backported is None or backported > Version(to_version):
+        return None
+    return (
+        f"Upstream-Status: Backport {backported}: vLLM {to_version} has the "
+        "upstream change"
+    )
 
 
 def backport_release(patch: Patch) -> Version | None:

@@ -8,9 +8,16 @@ applied where they applied, and gives each patch one verdict:
 - "applies only with offset": every hunk applies, but some only some lines
   away; the build refuses that (see `applier.py`), so the patch needs a refresh;
 - "already present": the patch reverse-applies, so upstream has the change;
-- "conflicts": a hunk's context no longer matches; the detail names the file
-  and the hunk (the first failing hunk of each file, as `git apply` stops a
-  file there).
+- "dropped by rebase": a `Backport <release>` patch that `rebase` onto this
+  release drops unseen (`rebase.backport_drop`), so it is not applied either;
+- "conflicts": a hunk's context no longer matches; the detail names every
+  failing hunk of every file. "conflicts (depends on P, which conflicts)"
+  when every failure comes from an earlier patch P left out here, not from
+  upstream (see `_dependency`).
+
+A pinned release without a series yet (pinned, not rebased onto yet) is read
+from its pinned wheel and, like an unpinned one, checked against the nearest
+series that exists; `--record` keeps none of its verdicts.
 
 Why "applies only with offset" and not "applies only 3-way": `git apply
 --3way` merges from the preimage blobs named by the patch's `index` lines,
@@ -29,11 +36,14 @@ where its text no longer applies, or upstream fixed it another way.
 """
 
 import datetime
+import functools
 import json
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -46,6 +56,7 @@ from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.locking import exclusive
 from vllm_overlay.pins import ReleasePin
 from vllm_overlay.probing import probe_verdicts
+from vllm_overlay.rebase import backport_drop
 from vllm_overlay.release import nearest_series, pinned_releases
 from vllm_overlay.series import PACKAGE_DIR, Patch, Series, has_series, load_series
 from vllm_overlay.table import TABLE_FILE, render_table
@@ -55,6 +66,9 @@ EXACT = "applies exactly"
 OFFSET = "applies only with offset"
 PRESENT = "already present"
 CONFLICT = "conflicts"
+DROPPED = "dropped by rebase"
+# `git apply --reject` error lines about a hunk (`hunk_problems` reads those).
+_HUNK_ERROR = re.compile(r"error: (while searching for:|patch failed: )")
 _COLUMNS = ("release", "series", "patch", "verdict", "detail")
 
 
@@ -101,12 +115,28 @@ def status(
             )
         print(f"vllm-overlay: {checking}", file=sys.stderr)
         wheel = _release_wheel(pin, version, cache)
-        checked = check_release(series, version, pin is not None, wheel)
+        checked = check_release(
+            series, version, pin is not None, wheel, _own_files(series, cache)
+        )
         if probe:
             verdicts = probe_verdicts(series, version, root.parent, cache)
             checked = [replace(row, probe=verdicts[row.patch]) for row in checked]
         rows.extend(checked)
     return rows
+
+
+def _own_files(series: Series, cache: Path) -> Callable[[], dict[str, bytes]]:
+    """The files `series` touches as its own release ships them, read (and
+    the pinned wheel fetched) on first use only: just a conflict after an
+    earlier one needs them (see `_dependency`)."""
+
+    @functools.cache
+    def read() -> dict[str, bytes]:
+        release = series.release
+        wheel = fetch_wheel(release, release.wheel_for("vllm"), cache)
+        return wheel_members(wheel, series.touched_files)
+
+    return read
 
 
 def refuse_unrecordable(versions: list[str], root: Path | None = None) -> None:
@@ -193,19 +223,29 @@ def _pip_download_wheel(version: str, directory: Path) -> Path:
 
 
 def check_release(
-    series: Series, version: str, pinned: bool, wheel: Path
+    series: Series,
+    version: str,
+    pinned: bool,
+    wheel: Path,
+    own_files: Callable[[], Mapping[str, bytes]],
 ) -> list[PatchStatus]:
-    """Each patch's verdict against the release's files, applying the patches
-    that apply (exactly or with offset) so later patches see their changes, as
-    they will in a refreshed series."""
+    """Each patch's verdict against the release's files, as the rebased series
+    would meet them: the patches that apply (exactly or with offset) are
+    applied, so later patches see their changes; one that `rebase` drops, or
+    that conflicts, is left out. `own_files` reads the files the series
+    touches as its own release ships them, for `_dependency`."""
     rows = []
+    earlier: list[tuple[Patch, str]] = []
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-status-") as scratch:
         root = Path(scratch) / "tree"
-        _unpack(wheel, series.touched_files, root)
+        _write(wheel_members(wheel, series.touched_files), root)
         for patch in series.patches:
-            verdict, detail = judge(patch, root)
+            verdict, detail = judge(patch, root, version)
+            if verdict == CONFLICT:
+                verdict = _dependency(patch, root, earlier, own_files) or verdict
             if verdict in (EXACT, OFFSET):
                 git_apply(patch, root, PACKAGE_DIR)
+            earlier.append((patch, verdict))
             rows.append(
                 PatchStatus(
                     version, pinned, series.release.version, patch.name, verdict, detail
@@ -214,21 +254,25 @@ def check_release(
     return rows
 
 
-def _unpack(wheel: Path, files: tuple[str, ...], root: Path) -> None:
-    """Write the wheel's copies of `files` under `root`; a file the wheel lacks
-    is left out, as the patch that creates it expects."""
+def _write(files: Mapping[str, bytes], root: Path) -> None:
+    """Write `files` under `root`; a file upstream lacks is left out, as the
+    patch that creates it expects."""
     root.mkdir(parents=True)
-    for name, content in wheel_members(wheel, files).items():
+    for name, content in files.items():
         target = root / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
 
 
-def judge(patch: Patch, root: Path) -> tuple[str, str]:
-    """The verdict and its detail for one patch against the files in `root`."""
+def judge(patch: Patch, root: Path, version: str) -> tuple[str, str]:
+    """The verdict and its detail for one patch against the files in `root`,
+    those of vLLM `version`."""
+    dropped = backport_drop(patch, version)
+    if dropped is not None:
+        return DROPPED, dropped
     forward = git_apply(patch, root, PACKAGE_DIR, "--check")
-    problems = hunk_problems(patch, forward.stderr)
     if forward.returncode == 0:
+        problems = hunk_problems(patch, forward.stderr)
         if not problems:
             return EXACT, ""
         return OFFSET, "; ".join(
@@ -236,12 +280,77 @@ def judge(patch: Patch, root: Path) -> tuple[str, str]:
         )
     if git_apply(patch, root, PACKAGE_DIR, "--check", "--reverse").returncode == 0:
         return PRESENT, "reverse-applies"
-    failed = [p for p in problems if p.kind == "mismatch"]
-    if not failed:
-        return CONFLICT, apply_error(forward.stderr)
-    return CONFLICT, "; ".join(
-        f"{p.file} hunk #{p.hunk} (at line {p.line}) does not match" for p in failed
+    return CONFLICT, "; ".join(failures(patch, root)) or apply_error(forward.stderr)
+
+
+def failures(patch: Patch, root: Path) -> list[str]:
+    """Why `patch` does not apply to the files in `root`: every hunk that does
+    not match, then every file git cannot patch at all (missing, already
+    there); empty when it applies.
+
+    Plain `git apply` stops checking a file at its first failing hunk; with
+    `--reject` it tries every hunk. With `--check` that writes nothing, but
+    exits 0 whatever failed, so only the error lines tell."""
+    proc = git_apply(patch, root, PACKAGE_DIR, "--check", "--reject")
+    hunks = [
+        f"{p.file} hunk #{p.hunk} (at line {p.line}) does not match"
+        for p in hunk_problems(patch, proc.stderr)
+        if p.kind == "mismatch"
+    ]
+    files = [
+        line.removeprefix("error: ")
+        for line in proc.stderr.splitlines()
+        if line.startswith("error: ") and not _HUNK_ERROR.match(line)
+    ]
+    return hunks + files
+
+
+def _dependency(
+    patch: Patch,
+    root: Path,
+    earlier: list[tuple[Patch, str]],
+    own_files: Callable[[], Mapping[str, bytes]],
+) -> str | None:
+    """The verdict of a conflicting `patch` that fails only for want of
+    earlier patches left out on this release, or None.
+
+    On its own release's files the series applies in order. There, without
+    the earlier patches left out here (`earlier`: each with its verdict), the
+    failures left need them; when every failure on this release is among
+    those, an earlier patch caused the conflict, not upstream. The verdict
+    names each left-out patch without which alone `patch` fails there."""
+    left_out = [(p, v) for p, v in earlier if v not in (EXACT, OFFSET, PRESENT)]
+    if not left_out:
+        return None
+
+    def failing_without(skipped: set[str]) -> set[str]:
+        applied = [p for p, _ in earlier if p.name not in skipped]
+        return _failures_on(own_files(), applied, patch)
+
+    wanting = failing_without({p.name for p, _ in left_out})
+    if not wanting or not set(failures(patch, root)) <= wanting:
+        return None
+    needed = [(p, v) for p, v in left_out if failing_without({p.name})]
+    if not needed:
+        return None
+    names = ", and ".join(
+        f"{p.name}, which {'rebase drops' if v == DROPPED else 'conflicts'}"
+        for p, v in needed
     )
+    return f"{CONFLICT} (depends on {names})"
+
+
+def _failures_on(
+    files: Mapping[str, bytes], applied: list[Patch], patch: Patch
+) -> set[str]:
+    """`failures` of `patch` on `files` once `applied` are applied in order
+    (those that do not apply are skipped, as git applies a patch whole)."""
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-status-own-") as scratch:
+        root = Path(scratch) / "tree"
+        _write(files, root)
+        for earlier in applied:
+            git_apply(earlier, root, PACKAGE_DIR)
+        return set(failures(patch, root))
 
 
 def record_status(

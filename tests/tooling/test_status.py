@@ -98,6 +98,121 @@ def test_changed_context_conflicts_naming_file_and_hunk(project, upstream, capsy
     assert row["detail"] == f"{SCHEDULER} hunk #1 (at line 17) does not match"
 
 
+def edited(text: str, edits: dict[int, str]) -> str:
+    """`text` with each line number of `edits` replaced by its text."""
+    lines = text.splitlines(keepends=True)
+    for line, new in edits.items():
+        lines[line - 1] = new + "\n"
+    return "".join(lines)
+
+
+def follow_up(project, edits: dict[int, str]) -> None:
+    """A second patch, written on top of the first: `edits` to the patched
+    scheduler."""
+    project.add_patch(
+        "scheduler-follow-up.patch",
+        format_patch(
+            project.workdir,
+            {SCHEDULER: PATCHED},
+            {SCHEDULER: edited(PATCHED, edits)},
+            subject="scheduler: follow-up",
+        ),
+    )
+
+
+def test_every_failing_hunk_of_a_file_is_named(project, upstream, capsys):
+    follow_up(project, {3: "line 3, follow-up", 36: "line 36, follow-up"})
+    upstream.releases["9.9.2"] = edited(
+        SCHEDULER_SOURCE, {4: "four", 35: "thirty-five"}
+    )
+    demo, second = verdicts(capsys, "9.9.2")
+    assert demo["verdict"] == "applies exactly"
+    assert (second["verdict"], second["detail"]) == (
+        "conflicts",
+        f"{SCHEDULER} hunk #1 (at line 1) does not match; "
+        f"{SCHEDULER} hunk #2 (at line 33) does not match",
+    )
+
+
+@pytest.mark.parametrize(
+    ("edits", "verdict"),
+    [
+        (
+            {21: "line 21, follow-up"},
+            "conflicts (depends on scheduler-demo.patch, which conflicts)",
+        ),
+        ({21: "line 21, follow-up", 36: "line 36, follow-up"}, "conflicts"),
+    ],
+)
+def test_a_conflict_only_an_earlier_conflict_causes_is_marked(
+    project, upstream, capsys, edits, verdict
+):
+    follow_up(project, edits)
+    upstream.releases["9.9.2"] = edited(
+        SCHEDULER_SOURCE, {18: "eighteen", 35: "thirty-five"}
+    )
+    demo, second = verdicts(capsys, "9.9.2")
+    assert demo["verdict"] == "conflicts"
+    assert second["verdict"] == verdict
+
+
+def test_a_file_an_earlier_conflict_would_create_is_a_dependency(
+    project, upstream, capsys
+):
+    created = "vllm/v1/core/sched/helper.py"
+    path = project.series_dir / "scheduler-demo.patch"
+    path.write_text(
+        format_patch(
+            project.workdir,
+            {SCHEDULER: SCHEDULER_SOURCE},
+            {SCHEDULER: PATCHED, created: "helper\n"},
+        )
+    )
+    project.add_patch(
+        "helper-follow-up.patch",
+        format_patch(project.workdir, {created: "helper\n"}, {created: "helper 2\n"}),
+    )
+    upstream.releases["9.9.2"] = edited(SCHEDULER_SOURCE, {18: "eighteen"})
+    demo, second = verdicts(capsys, "9.9.2")
+    assert demo["verdict"] == "conflicts"
+    assert (second["verdict"], second["detail"]) == (
+        "conflicts (depends on scheduler-demo.patch, which conflicts)",
+        f"{created}: No such file or directory",
+    )
+
+
+@pytest.mark.parametrize(
+    ("trailer", "dropped"),
+    [
+        ("Backport 9.9.2", "9.9.2"),
+        ("Backport v9.9.1", "9.9.1"),
+        ("Backport 9.9.5", None),
+    ],
+)
+def test_a_backport_rebase_would_drop_says_so(
+    project, upstream, capsys, trailer, dropped
+):
+    path = project.series_dir / "scheduler-demo.patch"
+    path.write_text(
+        path.read_text().replace(
+            "Upstream-Status: Pending", f"Upstream-Status: {trailer}"
+        )
+    )
+    follow_up(project, {21: "line 21, follow-up"})
+    upstream.releases["9.9.2"] = edited(SCHEDULER_SOURCE, {18: "eighteen"})
+    demo, second = verdicts(capsys, "9.9.2")
+    if dropped is None:
+        assert demo["verdict"] == "conflicts"
+        return
+    assert (demo["verdict"], demo["detail"]) == (
+        "dropped by rebase",
+        f"Upstream-Status: Backport {dropped}: vLLM 9.9.2 has the upstream change",
+    )
+    assert second["verdict"] == (
+        "conflicts (depends on scheduler-demo.patch, which rebase drops)"
+    )
+
+
 def test_change_already_upstream(project, upstream, capsys):
     upstream.releases["9.9.3"] = PATCHED
     (row,) = verdicts(capsys, "9.9.3")
@@ -105,15 +220,7 @@ def test_change_already_upstream(project, upstream, capsys):
 
 
 def test_later_patches_see_earlier_ones(project, upstream, capsys):
-    project.add_patch(
-        "scheduler-follow-up.patch",
-        format_patch(
-            project.workdir,
-            {SCHEDULER: PATCHED},
-            {SCHEDULER: PATCHED.replace("line 21\n", "line 21, follow-up\n")},
-            subject="scheduler: follow-up",
-        ),
-    )
+    follow_up(project, {21: "line 21, follow-up"})
     upstream.releases["9.9.1"] = "new first line\n" + SCHEDULER_SOURCE
     rows = verdicts(capsys, "9.9.1")
     assert [r["verdict"] for r in rows] == ["applies only with offset"] * 2
