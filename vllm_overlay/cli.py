@@ -10,11 +10,13 @@ from vllm_overlay.extract import extract
 from vllm_overlay.lint import lint
 from vllm_overlay.locations import patches_root
 from vllm_overlay.pins import DISTRIBUTIONS
+from vllm_overlay.probing import format_rebased
 from vllm_overlay.rebase import (
     RebaseOutcome,
     abort_rebase,
     continue_rebase,
     format_conflicts,
+    probe_outcome,
     skip_patch,
     start_rebase,
 )
@@ -121,7 +123,9 @@ def _rebase(args: argparse.Namespace) -> int:
     else:
         outcome = start_rebase(*args.releases)
     _report_rebase(outcome)
-    return 0 if outcome.stopped_at is None else 1
+    if outcome.stopped_at is not None:
+        return 1
+    return _report_probes(outcome)
 
 
 def _report_rebase(outcome: RebaseOutcome) -> None:
@@ -137,6 +141,23 @@ def _report_rebase(outcome: RebaseOutcome) -> None:
         f"wrote {outcome.directory} ({len(outcome.kept)} kept, "
         f"{len(outcome.dropped)} dropped)"
     )
+
+
+def _report_probes(outcome: RebaseOutcome) -> int:
+    """The probes of both series on the rebased release; a probe that does not
+    pass fails the command, though the series stays written for review."""
+    probes = probe_outcome(outcome)
+    for line in format_rebased(probes):
+        print(line)
+    if probes.failing:
+        print(
+            f"vllm-overlay: error: {len(probes.failing)} probe(s) do not pass on "
+            f"vLLM {outcome.to_release} patched by the new series (written to "
+            f"{outcome.directory} for review); fix the series before committing it",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
 
 
 def _extract(args: argparse.Namespace) -> int:

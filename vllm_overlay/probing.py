@@ -1,5 +1,6 @@
-"""`vllm-overlay status --probe`: each patch's probes on the *unpatched*
-release, in the release's cached test environment.
+"""Probes run in a release's cached test environment: `vllm-overlay status
+--probe` runs each patch's probes on the *unpatched* release, `vllm-overlay
+rebase` runs the probes of both series on the release it rebased onto.
 
 A patch is still needed as long as its probes fail without it; once they pass
 on upstream's own files, upstream has an equivalent change even if the patch
@@ -7,7 +8,9 @@ text no longer says so (a rewrite rather than a verbatim merge). The harness
 keeps one environment per pinned release (`cache_root()/envs/<release>`) with
 a patched build installed; the pytest plugin `vllm_overlay.testing.pristine`
 serves the pristine upstream files in place of the patched ones, and the raw
-verdict of each probe is read from a JUnit report.
+verdict of each probe is read from a JUnit report. After a rebase the plugin
+`vllm_overlay.testing.worktree` serves the release's files patched by the
+series just written instead, without rebuilding or reinstalling anything.
 """
 
 import os
@@ -15,7 +18,8 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from vllm_overlay.fetch import last_error_line
@@ -26,6 +30,7 @@ STILL_NEEDED = "still needed"
 EQUIVALENT = "upstream-equivalent"
 PASSED, FAILED = "passed", "failed"
 PRISTINE_PLUGIN = "vllm_overlay.testing.pristine"
+WORKTREE_PLUGIN = "vllm_overlay.testing.worktree"
 
 _INSTALLED_RELEASE = (
     "from vllm_overlay.manifest import read_installed_manifest\n"
@@ -54,24 +59,41 @@ def env_python(release: str, cache: Path) -> Path | None:
     return python if proc.stdout.strip() == release else None
 
 
-def _probe_env() -> dict[str, str]:
+def _probe_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The inherited environment, importing vllm_overlay from this checkout
     (the release environment lacks it) and never reaching the hub."""
-    return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "HF_HUB_OFFLINE": "1",
+        **(extra or {}),
+    }
 
 
 def run_pristine(probes: list[str], python: Path, repo: Path) -> dict[str, str]:
     """Run `probes` in one pytest process on the pristine sources and return
     each probe's outcome: "passed", "failed", or what kept it from a verdict."""
+    return run_probes(probes, python, repo, PRISTINE_PLUGIN)
+
+
+def run_probes(
+    probes: list[str],
+    python: Path,
+    repo: Path,
+    plugin: str,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Run `probes` in one pytest process with the source plugin `plugin`
+    (`env` added to the environment) and return each probe's outcome."""
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-probe-") as scratch:
         report = Path(scratch) / "probes.xml"
         command = [str(python), "-m", "pytest", "-p", "no:cacheprovider"]
-        command += ["-p", PRISTINE_PLUGIN, "-q", "--tb=no"]
+        command += ["-p", plugin, "-q", "--tb=no"]
         command += ["--junit-xml", str(report), *probes]
         proc = subprocess.run(
             command,
             cwd=repo,
-            env=_probe_env(),
+            env=_probe_env(env),
             capture_output=True,
             text=True,
             check=False,
@@ -166,3 +188,89 @@ def probe_verdicts(
     return {
         patch.name: probe_verdict(patch.probes, outcomes) for patch in series.patches
     }
+
+
+@dataclass(frozen=True)
+class RebasedProbes:
+    """The probes of a rebase run on the release it rebased onto, patched by
+    the series it wrote: each kept patch's own, and every probe of the old
+    series that the new one cites no more (a dropped patch's, or a `Probe:`
+    trailer lost on the way). A merge moves text, not meaning: a probe that
+    fails here is a change the rebase lost."""
+
+    from_release: str
+    release: str
+    kept: dict[str, tuple[str, ...]]
+    uncited: dict[str, tuple[str, ...]]
+    outcomes: dict[str, str]
+    skipped: str | None = None
+
+    @property
+    def failing(self) -> list[str]:
+        """Every probe that ran without passing, sorted."""
+        return sorted(p for p, outcome in self.outcomes.items() if outcome != PASSED)
+
+
+def probe_rebased(
+    from_series: Series, to_series: Series, patches: Path, cache: Path
+) -> RebasedProbes:
+    """Run the probes of both series (see `RebasedProbes`) in one pytest
+    process in the new release's cached test environment, which serves its
+    files patched by the series under `patches` (the checkout's)."""
+    release = to_series.release.version
+    cited = set(to_series.probe_ids)
+    uncited = {
+        probe: tuple(p.name for p in from_series.patches if probe in p.probes)
+        for probe in from_series.probe_ids
+        if probe not in cited
+    }
+    kept = {patch.name: patch.probes for patch in to_series.patches}
+    report = RebasedProbes(from_series.release.version, release, kept, uncited, {})
+    python = env_python(release, cache)
+    if python is None:
+        return replace(report, skipped=_no_rebase_environment(release))
+    probes = sorted(cited | set(uncited))
+    print(
+        f"vllm-overlay: running {len(probes)} probes on vLLM {release} patched "
+        "by the new series ...",
+        file=sys.stderr,
+    )
+    outcomes = run_probes(
+        probes,
+        python,
+        patches.parent,
+        WORKTREE_PLUGIN,
+        {"VLLM_OVERLAY_PATCHES": str(patches)},
+    )
+    return replace(report, outcomes=outcomes)
+
+
+def _no_rebase_environment(release: str) -> str:
+    return (
+        f"vLLM {release} has no cached test environment holding its build; "
+        f"`tools/test.sh {release}` builds one and runs every test under "
+        "tests/probes/ on the new series"
+    )
+
+
+def format_rebased(report: RebasedProbes) -> list[str]:
+    """The report's lines: one a kept patch, one a probe the new series no
+    longer cites, or the one line saying why no probe ran."""
+    if report.skipped is not None:
+        return [f"probes   skipped: {report.skipped}"]
+    lines = []
+    for patch, probes in report.kept.items():
+        failing = [
+            f"{_short(p)} {report.outcomes.get(p, 'not run')}"
+            for p in probes
+            if report.outcomes.get(p) != PASSED
+        ]
+        verdict = f"fail: {', '.join(failing)}" if failing else "pass"
+        lines.append(f"probes   {patch}: {verdict}")
+    for probe, cited_by in report.uncited.items():
+        lines.append(
+            f"probes   {_short(probe)} {report.outcomes.get(probe, 'not run')}: "
+            f"cited by no patch of {report.release} (in {report.from_release}: "
+            f"{', '.join(cited_by)})"
+        )
+    return lines

@@ -22,7 +22,11 @@ merge base (a real 3-way merge, which `status` cannot offer from a wheel):
 
 Nothing under `patches/` is written before every patch has been replayed; then
 the TO series directory appears whole (see `export.write_exported`) and the
-history file is replaced in one rename.
+history file is replaced in one rename. A merge moves text, not meaning, so
+`probe_rebased` then runs the probes of both series on TO patched by the new
+series (see `probing.probe_rebased`).
+
+A TO older than FROM is allowed: it backports the series, and says so.
 """
 
 import json
@@ -51,6 +55,7 @@ from vllm_overlay.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.history import DroppedPatch, append_history
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.pins import ReleasePin, resolve_release
+from vllm_overlay.probing import RebasedProbes, probe_rebased
 from vllm_overlay.release import pinned_releases
 from vllm_overlay.series import Patch, Series, load_series, series_dir
 
@@ -152,6 +157,11 @@ def start_rebase(
         f"rebasing the {source.version} series ({len(series.patches)} patches) "
         f"onto vLLM {target.version}"
     )
+    if Version(target.version) < Version(source.version):
+        _progress(
+            f"vLLM {target.version} is older than {source.version}: this "
+            "rebase is a backport"
+        )
     try:
         from_files = _release_files(series, source, cache)
         to_files = _release_files(series, target, cache)
@@ -206,6 +216,21 @@ def abort_rebase(root: Path | None = None) -> str:
         label = "(its state file was unreadable)"
     shutil.rmtree(path)
     return label
+
+
+def probe_outcome(
+    outcome: RebaseOutcome, root: Path | None = None, cache: Path | None = None
+) -> RebasedProbes:
+    """The probes of a finished rebase on the TO release, patched by the TO
+    series it wrote, in TO's cached test environment (skipped without one)."""
+    root = root or patches_root()
+    pins = pinned_releases(root)
+    return probe_rebased(
+        load_series(root, pins[outcome.from_release]),
+        load_series(root, pins[outcome.to_release]),
+        root,
+        cache or cache_root(),
+    )
 
 
 def _refuse_in_progress(root: Path) -> None:

@@ -3,6 +3,7 @@ release whose files drift, absorb a patch, or conflict with it."""
 
 import subprocess
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from conftest import (
     scheduler_edit,
 )
 
+from vllm_overlay import probing
 from vllm_overlay.applier import apply_series
 from vllm_overlay.history import HISTORY_FILE, read_history
 from vllm_overlay.lint import lint
@@ -25,6 +27,7 @@ from vllm_overlay.release import release_series
 TO = "9.10.0"
 PATCH = "scheduler-demo.patch"
 PATCHED_LINE = "line twenty, patched"
+DEMO_PROBE = "tests/probes/test_demo.py::test_demo"
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -37,9 +40,10 @@ def git(cwd: Path, *args: str) -> str:
     ).stdout
 
 
-def pin_target(project, scheduler: str) -> None:
-    """Pin release TO, whose scheduler is `scheduler`, and cache its wheel."""
-    project.pin_release(TO, scheduler)
+def pin_target(project, scheduler: str, version: str = TO) -> None:
+    """Pin release `version`, whose scheduler is `scheduler`, and cache its
+    wheel."""
+    project.pin_release(version, scheduler)
 
 
 @pytest.fixture
@@ -337,3 +341,147 @@ def test_backport_of_a_release_up_to_to_is_dropped(checkout, capsys, status, dro
         assert f"vLLM {TO} has the upstream change" in out
     else:
         assert (code, f"stopped  {PATCH}: merge conflict" in out) == (1, True)
+
+
+def test_a_backward_rebase_says_it_is_a_backport(checkout, capsys):
+    pin_target(checkout, drifted(), version="9.8.0")
+    committed(checkout)
+    code, out, err = rebase(capsys, RELEASE, "9.8.0")
+    assert code == 0, err
+    assert f"vLLM 9.8.0 is older than {RELEASE}: this rebase is a backport" in err
+    assert f"kept     {PATCH}" in out
+
+
+def test_a_forward_rebase_says_nothing_of_backports(checkout, capsys):
+    pin_target(checkout, drifted())
+    committed(checkout)
+    assert "backport" not in rebase(capsys, RELEASE, TO)[2]
+
+
+OTHER_PROBE = "tests/probes/test_other.py::test_other"
+
+
+@dataclass
+class FakeProbeRuns:
+    """What the fake probe runner was asked, and what it answers."""
+
+    outcomes: dict[str, str] = field(default_factory=dict)
+    runs: list[dict] = field(default_factory=list)
+
+
+@pytest.fixture
+def probe_env(monkeypatch, checkout) -> FakeProbeRuns:
+    """Stands for TO's cached test environment holding a patched build of TO
+    (`probing.env_python` finds it) and for the one pytest process
+    `probing.run_probes` starts there, whose plugin serves TO's files patched
+    by the checkout's TO series: records each run (and the TO series on disk
+    at that moment) and answers each probe with `outcomes` (default passed)."""
+    fake = FakeProbeRuns()
+
+    def run_probes(probes, python, repo, plugin, env=None):
+        fake.runs.append(
+            {
+                "probes": list(probes),
+                "python": python,
+                "repo": repo,
+                "plugin": plugin,
+                "env": dict(env or {}),
+                "series": [p.name for p in release_series(TO).patches],
+            }
+        )
+        return {probe: fake.outcomes.get(probe, "passed") for probe in probes}
+
+    monkeypatch.setattr(
+        probing, "env_python", lambda release, cache: cache / "envs" / release
+    )
+    monkeypatch.setattr(probing, "run_probes", run_probes)
+    return fake
+
+
+def with_absorbed_second_patch(checkout) -> None:
+    """A second patch (probe `OTHER_PROBE`) that TO already has, beside the
+    demo patch, which TO keeps."""
+    (checkout.root / "tests" / "probes" / "test_other.py").write_text(
+        "def test_other():\n    assert True\n"
+    )
+    checkout.add_patch(
+        "scheduler-other.patch",
+        format_patch(
+            checkout.workdir,
+            {SCHEDULER: scheduler_edit(20, PATCHED_LINE)},
+            {SCHEDULER: scheduler_edit(20, PATCHED_LINE).replace("line 30\n", "l30\n")},
+            subject="scheduler: other change",
+            trailers=TRAILERS.replace(
+                "test_demo.py::test_demo", "test_other.py::test_other"
+            ),
+        ),
+    )
+    pin_target(checkout, SCHEDULER_SOURCE.replace("line 30\n", "l30\n"))
+    committed(checkout)
+
+
+def test_rebase_runs_both_series_probes_on_the_rebased_sources(
+    checkout, probe_env, capsys
+):
+    with_absorbed_second_patch(checkout)
+    probe_env.outcomes[DEMO_PROBE] = "failed"
+    code, out, err = rebase(capsys, RELEASE, TO)
+    assert code == 1, err
+    assert "dropped  scheduler-other.patch: reverse-applies" in out
+    assert f"wrote {target_dir(checkout)}" in out
+    assert f"probes   {PATCH}: fail: test_demo.py::test_demo failed" in out
+    assert (
+        f"probes   test_other.py::test_other passed: cited by no patch of {TO} "
+        f"(in {RELEASE}: scheduler-other.patch)"
+    ) in out
+    assert f"1 probe(s) do not pass on vLLM {TO} patched by the new series" in err
+    (run,) = probe_env.runs
+    assert run["probes"] == [DEMO_PROBE, OTHER_PROBE]
+    assert run["plugin"] == probing.WORKTREE_PLUGIN == "vllm_overlay.testing.worktree"
+    assert run["env"] == {"VLLM_OVERLAY_PATCHES": str(checkout.patches)}
+    assert (run["repo"], run["series"]) == (checkout.root, [PATCH])
+    assert run["python"] == checkout.cache / "envs" / TO
+    assert release_series(TO).patches[0].name == PATCH
+
+
+def test_an_uncited_probe_that_fails_fails_the_rebase(checkout, probe_env, capsys):
+    with_absorbed_second_patch(checkout)
+    probe_env.outcomes[OTHER_PROBE] = "error"
+    code, out, _ = rebase(capsys, RELEASE, TO)
+    assert code == 1
+    assert f"probes   {PATCH}: pass" in out
+    assert "probes   test_other.py::test_other error: cited by no patch" in out
+
+
+def test_passing_probes_pass_the_rebase(checkout, probe_env, capsys):
+    pin_target(checkout, drifted())
+    committed(checkout)
+    code, out, err = rebase(capsys, RELEASE, TO)
+    assert code == 0, err
+    assert out.splitlines()[-1] == f"probes   {PATCH}: pass"
+    assert [run["probes"] for run in probe_env.runs] == [[DEMO_PROBE]]
+
+
+def test_probes_run_after_continue(checkout, probe_env, capsys):
+    conflicting(checkout)
+    rebase(capsys, RELEASE, TO)
+    assert probe_env.runs == []
+    (repo_of(checkout) / SCHEDULER).write_text(scheduler_edit(20, "resolved"))
+    git(repo_of(checkout), "add", SCHEDULER)
+    probe_env.outcomes[DEMO_PROBE] = "failed"
+    code, out, _ = rebase(capsys, "--continue")
+    assert code == 1
+    assert f"probes   {PATCH}: fail: test_demo.py::test_demo failed" in out
+    assert [run["series"] for run in probe_env.runs] == [[PATCH]]
+
+
+def test_without_an_environment_the_probe_check_is_skipped(checkout, capsys):
+    pin_target(checkout, drifted())
+    committed(checkout)
+    code, out, _ = rebase(capsys, RELEASE, TO)
+    assert code == 0
+    assert out.splitlines()[-1] == (
+        f"probes   skipped: vLLM {TO} has no cached test environment holding its "
+        f"build; `tools/test.sh {TO}` builds one and runs every test under "
+        "tests/probes/ on the new series"
+    )
