@@ -21,6 +21,7 @@ from vllm_overlay.locking import exclusive
 from vllm_overlay.pins import ReleasePin, WheelPin
 
 _CHUNK = 1 << 20
+_SDIST_MARKER = ".vllm-overlay-sdist-sha256"
 _OFFLINE_HINTS = (
     "NewConnectionError",
     "Temporary failure in name resolution",
@@ -85,6 +86,17 @@ def fetch_wheel(release: ReleasePin, wheel: WheelPin, cache: Path) -> Path:
     return target
 
 
+def cached_sdist_tree(release: ReleasePin, cache: Path) -> Path | None:
+    """The unpacked tree of the release's pinned sdist if the cache holds it
+    whole (its marker, written last, names the pinned sha256), else None;
+    never downloads."""
+    target = cache / "sources" / f"vllm-{release.version}"
+    marker = target / _SDIST_MARKER
+    if marker.is_file() and marker.read_text().strip() == release.sdist.sha256:
+        return target
+    return None
+
+
 def fetch_sdist_tree(release: ReleasePin, cache: Path) -> Path:
     """The unpacked source tree of the release's pinned sdist (with upstream's
     tests), from the cache or downloaded and unpacked into it.
@@ -94,10 +106,10 @@ def fetch_sdist_tree(release: ReleasePin, cache: Path) -> Path:
     expected, and the unpacked tree it leaves behind is what we keep.
     """
     target = cache / "sources" / f"vllm-{release.version}"
-    marker = target / ".vllm-overlay-sdist-sha256"
+    marker = target / _SDIST_MARKER
     sha256 = release.sdist.sha256
     with exclusive(cache / "sources"):
-        if marker.is_file() and marker.read_text().strip() == sha256:
+        if cached_sdist_tree(release, cache) is not None:
             return target
         shutil.rmtree(target, ignore_errors=True)
         print(f"vllm-overlay: downloading {release.sdist.filename}", file=sys.stderr)

@@ -3,7 +3,8 @@
 A patch leaves the series when upstream absorbs it (or a maintainer drops it
 at a rebase). Its file is gone from the new series, but why it went, and in
 which release, must stay findable: `rebase` appends one `[[dropped]]` table a
-patch and never rewrites an entry, and `lint` checks every entry.
+patch and never rewrites an entry, and `lint` checks every entry and that the
+entries committed in git are still there, unchanged and first.
 """
 
 import json
@@ -56,8 +57,14 @@ def read_history(root: Path) -> list[DroppedPatch]:
     path = root / HISTORY_FILE
     if not path.is_file():
         return []
+    return parse_history(path.read_text(encoding="utf-8"), path)
+
+
+def parse_history(text: str, path: Path | str) -> list[DroppedPatch]:
+    """The entries of a history file's `text` (read from `path`, named in
+    errors): the working copy, or the one committed in git."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise OverlayError(f"{path}: not valid TOML ({exc})") from None
     extra = set(data) - {"dropped"}
@@ -75,6 +82,31 @@ def read_history(root: Path) -> list[DroppedPatch]:
             )
         entries.append(DroppedPatch(**entry))
     return entries
+
+
+def history_changes(
+    committed: list[DroppedPatch], current: list[DroppedPatch], path: Path
+) -> list[str]:
+    """How `current` breaks the append-only rule against the `committed`
+    entries: each committed entry edited or removed, or, when every one is
+    still there, that they no longer come first in their order."""
+    if current[: len(committed)] == committed:
+        return []
+    problems = []
+    for number, old in enumerate(committed, start=1):
+        if old in current:
+            continue
+        key = (old.patch, old.series, old.release)
+        edited = any((e.patch, e.series, e.release) == key for e in current)
+        problems.append(
+            f"{path}: committed entry {number} ({old.patch}, dropped from the "
+            f"{old.series} series at {old.release}) was "
+            f"{'edited' if edited else 'removed'}; the history is append-only"
+        )
+    return problems or [
+        f"{path}: the committed entries were reordered or have new entries "
+        "among them; the history is append-only (new entries go at the end)"
+    ]
 
 
 def append_history(root: Path, dropped: Iterable[DroppedPatch]) -> None:

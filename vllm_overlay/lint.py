@@ -1,18 +1,63 @@
-"""`vllm-overlay lint`: every defect of every series, in one run."""
+"""`vllm-overlay lint`: every defect of every series, in one run.
 
+Besides each series' own files (see `series.series_problems`), the recorded
+verdicts and the history of dropped patches, it checks what ties them to the
+rest of the checkout:
+
+- every test under `tests/probes/` is the `Probe:` of some patch of some
+  series, or is listed in `tests/probes/kept.toml` with the reason it is kept
+  without one: a probe nobody cites is usually a change a rebase lost;
+- the history only grows: the entries committed at git's HEAD are still there,
+  unchanged and first;
+- each pinned release's series applies with zero fuzz and zero offset to the
+  release's cached sources, so a corrupted context line is found here rather
+  than as an out-of-date `PATCHES.md`.
+
+A check that cannot run here (no git checkout, sources not cached) is named on
+stderr as skipped; it is not a problem.
+"""
+
+import ast
+import sys
+import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 
+from packaging.version import Version
+
+from vllm_overlay.applier import apply_series
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.history import read_history
-from vllm_overlay.pins import load_pins
+from vllm_overlay.export import git_run
+from vllm_overlay.fetch import cached_sdist_tree
+from vllm_overlay.history import (
+    HISTORY_FILE,
+    history_changes,
+    parse_history,
+    read_history,
+)
+from vllm_overlay.locations import cache_root
+from vllm_overlay.pins import ReleasePin, load_pins
 from vllm_overlay.release import PINS_FILE
-from vllm_overlay.series import SERIES_FILE, series_dir, series_problems
+from vllm_overlay.series import (
+    PACKAGE_DIR,
+    PATCH_SUFFIX,
+    SERIES_FILE,
+    TESTS_DIR,
+    load_series,
+    parse_patch,
+    series_dir,
+    series_problems,
+)
 from vllm_overlay.verdicts import read_verdicts
 
+PROBES_DIR = Path("tests") / "probes"
+KEPT_FILE = PROBES_DIR / "kept.toml"
 
-def lint(patches_root: Path) -> list[str]:
+
+def lint(patches_root: Path, cache: Path | None = None) -> list[str]:
     """One-line problems: pins, series files, patch files, trailers, probes,
-    the history of dropped patches and the recorded verdicts."""
+    the tests no patch cites, the history of dropped patches, the recorded
+    verdicts, and each series against its release's cached sources."""
     try:
         pins = load_pins(patches_root / PINS_FILE)
     except OverlayError as exc:
@@ -21,15 +66,185 @@ def lint(patches_root: Path) -> list[str]:
     for version in pins:
         if not (series_dir(patches_root, version) / SERIES_FILE).is_file():
             problems.append(f"vLLM {version} is pinned but has no series")
-    for directory in sorted((patches_root / "vllm").glob("v*")):
-        if not directory.is_dir():
-            continue
+    directories = sorted(d for d in (patches_root / "vllm").glob("v*") if d.is_dir())
+    for directory in directories:
         if directory.name[1:] not in pins:
             problems.append(f"{directory}: release {directory.name[1:]} is not pinned")
         problems.extend(series_problems(directory, patches_root.parent))
+    problems.extend(uncited_tests(patches_root.parent, directories))
     for reader in (read_history, read_verdicts):
         try:
             reader(patches_root)
         except OverlayError as exc:
             problems.append(str(exc))
+    problems.extend(history_edits(patches_root))
+    problems.extend(application_problems(patches_root, pins, cache or cache_root()))
+    return problems
+
+
+def _skipped(check: str, why: str) -> None:
+    print(f"vllm-overlay lint: skipped {check}: {why}", file=sys.stderr)
+
+
+def uncited_tests(repo_root: Path, directories: Iterable[Path]) -> list[str]:
+    """A problem for every test under `tests/probes/` that no patch of the
+    series in `directories` cites and `kept.toml` does not list, and for
+    every entry of `kept.toml` that names no test or a cited one."""
+    tests, problems = probe_tests(repo_root)
+    kept, kept_problems = _kept_tests(repo_root)
+    problems += kept_problems
+    cited = _cited(directories)
+    for test in tests:
+        if test not in kept and not _citers(cited, test):
+            problems.append(
+                f"{test}: no patch of any series cites it as a Probe:; cite it, "
+                f"or list it in {KEPT_FILE} with the reason it is kept"
+            )
+    for test in kept:
+        if test not in tests:
+            problems.append(f"{KEPT_FILE}: {test} names no test under {PROBES_DIR}/")
+        elif citers := _citers(cited, test):
+            problems.append(
+                f"{KEPT_FILE}: {test} is cited by {', '.join(sorted(citers))}; "
+                "remove the entry"
+            )
+    return problems
+
+
+def probe_tests(repo_root: Path) -> tuple[list[str], list[str]]:
+    """The node id of every test function in `tests/probes/**/test_*.py` (as
+    pytest collects them: `test*` functions, and `test*` methods of `Test*`
+    classes), read statically as `series.probe_problem` reads probes; and a
+    problem for each module that does not parse."""
+    tests, problems = [], []
+    for path in sorted((repo_root / PROBES_DIR).rglob("test_*.py")):
+        module = path.relative_to(repo_root).as_posix()
+        try:
+            body = ast.parse(path.read_text(encoding="utf-8")).body
+        except SyntaxError as exc:
+            problems.append(
+                f"{module}: not valid Python ({exc.msg}, line {exc.lineno})"
+            )
+            continue
+        for node in body:
+            if _is_test(node):
+                tests.append(f"{module}::{node.name}")
+            elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+                tests += [
+                    f"{module}::{node.name}::{method.name}"
+                    for method in node.body
+                    if _is_test(method)
+                ]
+    return tests, problems
+
+
+def _is_test(node: ast.stmt) -> bool:
+    return isinstance(
+        node, ast.FunctionDef | ast.AsyncFunctionDef
+    ) and node.name.startswith("test")
+
+
+def _kept_tests(repo_root: Path) -> tuple[dict[str, str], list[str]]:
+    """`kept.toml`'s tests and their reasons, and its defects."""
+    path = repo_root / KEPT_FILE
+    if not path.is_file():
+        return {}, []
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        return {}, [f"{KEPT_FILE}: not valid TOML ({exc})"]
+    kept = data.get("kept", {})
+    if set(data) - {"kept"} or not isinstance(kept, dict):
+        return {}, [f"{KEPT_FILE}: holds one table, [kept]: test id = reason"]
+    unexplained = [
+        test
+        for test, reason in kept.items()
+        if not isinstance(reason, str) or not reason.strip()
+    ]
+    return kept, [f"{KEPT_FILE}: {test} needs a reason" for test in unexplained]
+
+
+def _cited(directories: Iterable[Path]) -> dict[str, set[str]]:
+    """Probe id (without parameters) -> the patches that cite it, over every
+    patch file that parses (the others are reported by the series check)."""
+    cited: dict[str, set[str]] = {}
+    for directory in directories:
+        for path in sorted(directory.glob(f"*{PATCH_SUFFIX}")):
+            try:
+                patch = parse_patch(path)
+            except OverlayError:
+                continue
+            for probe in patch.probes:
+                label = f"{directory.name}/{patch.name}"
+                cited.setdefault(probe.split("[", 1)[0], set()).add(label)
+    return cited
+
+
+def _citers(cited: dict[str, set[str]], test: str) -> set[str]:
+    """The patches that cite `test`, or its class, as a probe."""
+    parts = test.split("::")
+    prefixes = ("::".join(parts[:n]) for n in range(2, len(parts) + 1))
+    return set().union(*(cited.get(prefix, set()) for prefix in prefixes))
+
+
+def history_edits(patches_root: Path) -> list[str]:
+    """The history's append-only rule against its copy at git's HEAD."""
+    path = patches_root / HISTORY_FILE
+    committed = _committed_history(patches_root)
+    if committed is None:
+        return []
+    try:
+        current = read_history(patches_root)
+        old = parse_history(committed, f"{path} at HEAD")
+    except OverlayError:
+        return []  # reported by the history check itself
+    return history_changes(old, current, path)
+
+
+def _committed_history(patches_root: Path) -> str | None:
+    """The history file's text at HEAD, or None when there is nothing to
+    compare with: no commit holds it yet, or the check cannot run here (said
+    on stderr)."""
+    check = "the append-only check of the history"
+    try:
+        inside = git_run(patches_root, "rev-parse", "--is-inside-work-tree")
+    except FileNotFoundError:
+        _skipped(check, "git is not installed")
+        return None
+    if inside.returncode != 0 or inside.stdout.strip() != "true":
+        _skipped(check, f"{patches_root} is not in a git checkout")
+        return None
+    shown = git_run(patches_root, "show", f"HEAD:./{HISTORY_FILE.as_posix()}")
+    return shown.stdout if shown.returncode == 0 else None
+
+
+def application_problems(
+    patches_root: Path, pins: dict[str, ReleasePin], cache: Path
+) -> list[str]:
+    """Each pinned release's series applied, zero fuzz and zero offset, to
+    the release's sources in the cache (those the harness and `rebase`
+    unpacked from the pinned sdist); a release whose sources are not cached
+    is skipped, and said so."""
+    problems = []
+    for version in sorted(pins, key=Version):
+        sources = cached_sdist_tree(pins[version], cache)
+        if sources is None:
+            _skipped(
+                f"zero-fuzz application to vLLM {version}",
+                f"its sources are not cached ({cache / 'sources' / f'vllm-{version}'})",
+            )
+            continue
+        try:
+            series = load_series(patches_root, pins[version])
+        except OverlayError:
+            continue  # its defects are listed by the series check
+        names = (*series.touched_files, *series.upstream_test_files)
+        originals = {
+            n: (sources / n).read_bytes() for n in names if (sources / n).is_file()
+        }
+        for tree in (PACKAGE_DIR, TESTS_DIR):
+            try:
+                apply_series(series, originals, tree)
+            except OverlayError as exc:
+                problems.append(f"{exc} (its cached sources {sources})")
     return problems

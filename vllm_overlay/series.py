@@ -38,7 +38,9 @@ _UPSTREAM_STATUS = re.compile(
     rf"Pending|Submitted {_URL}|Backport \S.*|Inappropriate \S.*"
 )
 _UPSTREAM_PR = re.compile(rf"none|{_URL}")
-_TRAILER = re.compile(r"([A-Za-z0-9][A-Za-z0-9-]*): (.*)")
+# A key with nothing after its colon is still a trailer, so that an empty
+# value is reported as such rather than hiding the whole trailer block.
+_TRAILER = re.compile(r"([A-Za-z0-9][A-Za-z0-9-]*):(?: (.*))?")
 _SUBJECT_PREFIX = re.compile(r"^\[PATCH[^\]]*\]\s*")
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 _PROBE_ID = re.compile(r"(tests/[\w/.-]+\.py)::([\w:]+)(\[.*\])?")
@@ -221,6 +223,8 @@ def _patch_problems(path: Path, repo_root: Path) -> list[str]:
 
 
 def _trailer_problems(path: Path, key: str, value: str, repo_root: Path) -> list[str]:
+    if not value:
+        return [f"{path}: {key}: is empty"]
     if key == "Upstream-Status" and not _UPSTREAM_STATUS.fullmatch(value):
         return [
             f"{path}: invalid Upstream-Status: {value!r} (Pending | Submitted <url> "
@@ -228,8 +232,6 @@ def _trailer_problems(path: Path, key: str, value: str, repo_root: Path) -> list
         ]
     if key == "Upstream-PR" and not _UPSTREAM_PR.fullmatch(value):
         return [f"{path}: invalid Upstream-PR: {value!r} (a URL or none)"]
-    if key == "Drop-When" and not value.strip():
-        return [f"{path}: Drop-When: is empty"]
     if key == "Probe":
         reason = probe_problem(value, repo_root)
         if reason:
@@ -306,7 +308,7 @@ def _trailers(body: str) -> tuple[tuple[str, str], ...]:
         match = _TRAILER.fullmatch(line.strip())
         if not match:
             return ()
-        pairs.append((match.group(1), match.group(2).strip()))
+        pairs.append((match.group(1), (match.group(2) or "").strip()))
     return tuple(pairs)
 
 

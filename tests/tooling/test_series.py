@@ -185,3 +185,23 @@ def test_probe_ids_resolve_into_classes(tmp_path):
     assert probe_problem("tests/probes/test_x.py::test_c[1-2]", tmp_path) is None
     assert "defines no" in probe_problem("tests/probes/test_x.py::TestA::x", tmp_path)
     assert "defines no" in probe_problem("tests/probes/test_x.py::test_b", tmp_path)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Drop-When: upstream validates the value itself",
+        "Upstream-Status: Pending",
+        "Upstream-PR: none",
+        "Probe: tests/probes/test_demo.py::test_demo",
+    ],
+)
+def test_an_empty_trailer_is_one_problem_naming_it(project, line):
+    key = line.split(":")[0]
+    project.add_patch(
+        "bad.patch", demo_patch(project, TRAILERS.replace(line, f"{key}:"), line=30)
+    )
+    (problem,) = lint(project.patches)
+    assert problem.endswith(f"bad.patch: {key}: is empty")
+    with pytest.raises(OverlayError, match=f"{key}: is empty"):
+        release_series(None)

@@ -1,0 +1,180 @@
+"""`vllm-overlay lint` beyond one series' files: tests no patch cites, the
+append-only history against git's HEAD, and each series applied to its
+release's cached sources."""
+
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, run_cli
+
+from vllm_overlay.history import HISTORY_FILE, DroppedPatch, append_history
+from vllm_overlay.lint import KEPT_FILE, lint
+
+DEMO_TEST = "tests/probes/test_demo.py"
+ENTRY = DroppedPatch(
+    "old.patch", "old change", "9.8.0", RELEASE, "reverse-applies", "Pending", "none"
+)
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=T", "-c", "user.email=t@example.invalid", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+def add_tests(project, source: str) -> None:
+    path = project.root / DEMO_TEST
+    path.write_text(path.read_text() + source)
+
+
+def keep(project, entries: str) -> None:
+    (project.root / KEPT_FILE).write_text(f"[kept]\n{entries}")
+
+
+def test_a_test_no_patch_cites_is_rejected(project):
+    add_tests(project, "\n\ndef test_regression():\n    assert True\n")
+    (problem,) = lint(project.patches)
+    assert problem.startswith(
+        f"{DEMO_TEST}::test_regression: no patch of any series cites it as a Probe:"
+    )
+    assert str(KEPT_FILE) in problem
+
+
+def test_a_test_method_no_patch_cites_is_rejected(project):
+    add_tests(
+        project,
+        "\n\nclass TestGroup:\n    def test_one(self):\n        pass\n\n"
+        "    def helper(self):\n        pass\n\n\nclass Helper:\n"
+        "    def test_not_collected(self):\n        pass\n",
+    )
+    (problem,) = lint(project.patches)
+    assert problem.startswith(f"{DEMO_TEST}::TestGroup::test_one: no patch")
+
+
+def test_a_listed_uncited_test_is_accepted(project):
+    add_tests(project, "\n\ndef test_regression():\n    assert True\n")
+    keep(project, f'"{DEMO_TEST}::test_regression" = "pins upstream behaviour"\n')
+    assert lint(project.patches) == []
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (f'"{DEMO_TEST}::test_gone" = "why"', "test_gone names no test"),
+        (
+            f'"{DEMO_TEST}::test_demo" = "why"',
+            f"test_demo is cited by v{RELEASE}/scheduler-demo.patch; remove the entry",
+        ),
+        (f'"{DEMO_TEST}::test_regression" = ""', "test_regression needs a reason"),
+    ],
+)
+def test_a_wrong_kept_entry_is_rejected(project, entry, message):
+    add_tests(project, "\n\ndef test_regression():\n    assert True\n")
+    keep(project, entry + "\n")
+    assert any(message in problem for problem in lint(project.patches))
+
+
+@pytest.fixture
+def committed_history(project):
+    """A git checkout whose HEAD holds a history with two entries."""
+    append_history(project.patches, [ENTRY, replace(ENTRY, patch="older.patch")])
+    git(project.root, "init", "-q")
+    git(project.root, "add", "-A")
+    git(project.root, "commit", "-qm", "project")
+    return project.patches / HISTORY_FILE
+
+
+def test_appending_to_the_committed_history_is_fine(project, committed_history):
+    append_history(project.patches, [replace(ENTRY, patch="new.patch")])
+    assert lint(project.patches) == []
+
+
+def test_an_edited_committed_entry_is_rejected(project, committed_history):
+    text = committed_history.read_text()
+    committed_history.write_text(text.replace("reverse-applies", "absorbed", 1))
+    (problem,) = lint(project.patches)
+    assert problem == (
+        f"{committed_history}: committed entry 1 (old.patch, dropped from the "
+        f"9.8.0 series at {RELEASE}) was edited; the history is append-only"
+    )
+
+
+def test_a_removed_committed_entry_is_rejected(project, committed_history):
+    text = committed_history.read_text()
+    first = text.index("[[dropped]]")
+    committed_history.write_text(
+        text[:first] + text[text.index("[[dropped]]", first + 1) :]
+    )
+    (problem,) = lint(project.patches)
+    assert "committed entry 1 (old.patch" in problem and "was removed" in problem
+
+
+def test_a_new_entry_among_the_committed_ones_is_rejected(project, committed_history):
+    text = committed_history.read_text()
+    second = text.index("[[dropped]]", text.index("[[dropped]]") + 1)
+    extra = text[second:].replace("older.patch", "new.patch")
+    committed_history.write_text(text[:second] + extra + text[second:])
+    (problem,) = lint(project.patches)
+    assert "reordered or have new entries among them" in problem
+
+
+def test_outside_git_the_history_check_is_skipped(project, capsys):
+    append_history(project.patches, [ENTRY])
+    code, _, err = run_cli(capsys, "lint")
+    assert code == 0
+    assert (
+        "vllm-overlay lint: skipped the append-only check of the history: "
+        f"{project.patches} is not in a git checkout"
+    ) in err
+
+
+def cache_sources(project, scheduler: str = SCHEDULER_SOURCE) -> Path:
+    """The release's sources as the harness unpacks its pinned sdist (the
+    pin's sdist sha256 is 64 zeros)."""
+    sources = project.cache / "sources" / f"vllm-{RELEASE}"
+    (sources / SCHEDULER).parent.mkdir(parents=True)
+    (sources / SCHEDULER).write_text(scheduler)
+    (sources / ".vllm-overlay-sdist-sha256").write_text("0" * 64 + "\n")
+    return sources
+
+
+def test_a_corrupted_context_line_fails_against_the_cached_sources(project, capsys):
+    cache_sources(project)
+    assert run_cli(capsys, "lint")[0] == 0
+    patch = project.series_dir / "scheduler-demo.patch"
+    patch.write_text(patch.read_text().replace("\n line 18\n", "\n line 18 \n"))
+    code, _, err = run_cli(capsys, "lint")
+    assert code == 1
+    assert (
+        f"scheduler-demo.patch does not apply exactly to vLLM {RELEASE}: "
+        f"{SCHEDULER} hunk #1 (at line 17) does not match"
+    ) in err
+
+
+def test_an_offset_hunk_fails_against_the_cached_sources(project):
+    cache_sources(project, "new first line\n" + SCHEDULER_SOURCE)
+    (problem,) = lint(project.patches)
+    assert f"{SCHEDULER} hunk #1 only applies at line 18 (offset)" in problem
+
+
+def test_without_cached_sources_the_application_check_is_skipped(project, capsys):
+    code, _, err = run_cli(capsys, "lint")
+    assert code == 0
+    assert (
+        f"vllm-overlay lint: skipped zero-fuzz application to vLLM {RELEASE}: "
+        f"its sources are not cached ({project.cache / 'sources' / f'vllm-{RELEASE}'})"
+    ) in err
+
+
+def test_sources_of_another_sdist_are_not_used(project, capsys):
+    sources = cache_sources(project, "unrelated\n")
+    (sources / ".vllm-overlay-sdist-sha256").write_text("1" * 64 + "\n")
+    code, _, err = run_cli(capsys, "lint")
+    assert code == 0
+    assert f"skipped zero-fuzz application to vLLM {RELEASE}" in err
