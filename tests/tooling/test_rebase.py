@@ -1,12 +1,15 @@
 """`vllm-overlay rebase FROM TO`: a series replayed onto a second synthetic
 release whose files drift, absorb a patch, or conflict with it."""
 
+import json
 import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import DEMO_PROBE as DEMO_PROBE_SOURCE
 from conftest import (
     RELEASE,
     SCHEDULER,
@@ -21,6 +24,7 @@ from vllm_overlay import probing
 from vllm_overlay.applier import apply_series
 from vllm_overlay.history import HISTORY_FILE, read_history
 from vllm_overlay.lint import lint
+from vllm_overlay.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 from vllm_overlay.rebase import state_dir
 from vllm_overlay.release import release_series
 
@@ -484,4 +488,56 @@ def test_without_an_environment_the_probe_check_is_skipped(checkout, capsys):
         f"probes   skipped: vLLM {TO} has no cached test environment holding its "
         f"build; `tools/test.sh {TO}` builds one and runs every test under "
         "tests/probes/ on the new series"
+    )
+
+
+def to_environment(checkout, tmp_path) -> None:
+    """`envs/TO/bin/python`: this interpreter with a `vllm` whose manifest says
+    it is a patched build of TO from TO's pinned wheel, as `tools/test.sh TO`
+    leaves it. Its scheduler is TO's own file, so the probe (which reads the
+    scheduler it imports) sees the patched line only where the worktree plugin
+    serves the new TO series."""
+    site = tmp_path / "site-to"
+    (site / SCHEDULER).parent.mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    (site / SCHEDULER).write_text(drifted())
+    wheel = checkout.cache / "wheels" / f"vllm-{TO}-cp38-abi3-linux_x86_64.whl"
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "release": TO,
+        "source": {"filename": wheel.name, "sha256": sha256_file(wheel)},
+        "patches": [{"name": PATCH, "files": [SCHEDULER]}],
+    }
+    (site / MANIFEST_PATH).write_text(json.dumps(manifest))
+    python = checkout.cache / "envs" / TO / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(
+        f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{site}" exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    (checkout.root / "tests" / "probes" / "test_demo.py").write_text(DEMO_PROBE_SOURCE)
+
+
+def test_probes_really_run_on_to_patched_by_the_new_series(checkout, tmp_path, capsys):
+    pin_target(checkout, drifted())
+    to_environment(checkout, tmp_path)
+    committed(checkout)
+    code, out, err = rebase(capsys, RELEASE, TO)
+    assert code == 0, err
+    assert out.splitlines()[-1] == f"probes   {PATCH}: pass"
+    assert f"running 1 probes on vLLM {TO} patched by the new series" in err
+
+
+def test_a_resolution_that_loses_the_change_fails_its_probe(checkout, tmp_path, capsys):
+    conflicting(checkout)
+    to_environment(checkout, tmp_path)
+    committed(checkout)
+    rebase(capsys, RELEASE, TO)
+    (repo_of(checkout) / SCHEDULER).write_text(scheduler_edit(20, "line 20, merged"))
+    git(repo_of(checkout), "add", SCHEDULER)
+    code, out, _ = rebase(capsys, "--continue")
+    assert code == 1
+    assert f"kept     {PATCH}" in out
+    assert out.splitlines()[-1] == (
+        f"probes   {PATCH}: fail: test_demo.py::test_demo failed"
     )
