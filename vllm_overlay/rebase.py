@@ -23,7 +23,7 @@ merge base (a real 3-way merge, which `status` cannot offer from a wheel):
 Nothing under `patches/` is written before every patch has been replayed; then
 the TO series directory appears whole (see `export.write_exported`) and the
 history file is replaced in one rename. A merge moves text, not meaning, so
-`probe_rebased` then runs the probes of both series on TO patched by the new
+`probe_outcome` then runs the probes of both series on TO patched by the new
 series (see `probing.probe_rebased`).
 
 A TO older than FROM is allowed: it backports the series, and says so.
