@@ -18,6 +18,7 @@ from conftest import (
     format_patch,
     run_cli,
     scheduler_edit,
+    sha256_file,
 )
 
 from vllm_overlay import probing
