@@ -64,8 +64,19 @@ def lint(patches_root: Path, cache: Path | None = None) -> list[str]:
         return [str(exc)]
     problems = []
     for version in pins:
-        if not (series_dir(patches_root, version) / SERIES_FILE).is_file():
-            problems.append(f"vLLM {version} is pinned but has no series")
+        directory = series_dir(patches_root, version)
+        if not directory.exists():
+            # Between pinning a release and rebasing onto it (README,
+            # "Rebasing onto a new release"): a normal state, not a problem.
+            print(
+                f"vllm-overlay lint: vLLM {version} is pinned and has no series "
+                f"yet (`vllm-overlay rebase FROM {version}` writes it)",
+                file=sys.stderr,
+            )
+        elif not (directory / SERIES_FILE).is_file():
+            problems.append(
+                f"{directory}: vLLM {version}'s series has no {SERIES_FILE}"
+            )
     directories = sorted(d for d in (patches_root / "vllm").glob("v*") if d.is_dir())
     for directory in directories:
         if directory.name[1:] not in pins:

@@ -141,8 +141,19 @@ def test_release_without_series_and_series_without_pin(project):
     (project.patches / "vllm" / "v1.0.0").mkdir()
     (project.patches / "vllm" / "v1.0.0" / "series").write_text("")
     problems = lint(project.patches)
-    assert any("9.9.0 is pinned but has no series" in p for p in problems)
+    assert any("9.9.0's series has no series" in p for p in problems)
     assert any("release 1.0.0 is not pinned" in p for p in problems)
+
+
+def test_pinned_release_without_series_yet_is_no_problem(project, capsys):
+    """Between pinning a release and rebasing onto it (README's life cycle)
+    lint passes and says so."""
+    project.pin_release("9.10.0", SCHEDULER_SOURCE)
+    assert lint(project.patches) == []
+    assert (
+        "vLLM 9.10.0 is pinned and has no series yet (`vllm-overlay rebase FROM "
+        "9.10.0` writes it)"
+    ) in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
