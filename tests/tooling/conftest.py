@@ -8,6 +8,7 @@ import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,18 @@ def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def run_git(cwd: Path, *args: str) -> str:
+    """git in `cwd` with a fixed identity, for the test's own repositories;
+    a failure raises."""
+    return subprocess.run(
+        ["git", "-c", "user.name=T", "-c", "user.email=t@example.invalid", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
 def format_patch(
     workdir: Path,
     originals: dict[str, str],
@@ -93,16 +106,7 @@ def format_patch(
     into `edits` (path -> full new text)."""
     repo = workdir / f"git-{len(list(workdir.glob('git-*')))}"
     repo.mkdir(parents=True)
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-c", "user.name=T", "-c", "user.email=t@example.invalid", *args],
-            cwd=repo,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-
+    git = partial(run_git, repo)
     git("init", "-q")
     for name, text in originals.items():
         (repo / name).parent.mkdir(parents=True, exist_ok=True)

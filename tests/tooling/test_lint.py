@@ -2,12 +2,11 @@
 append-only history against git's HEAD, and each series applied to its
 release's cached sources."""
 
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, run_cli
+from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, run_cli, run_git
 
 from vllm_overlay.history import HISTORY_FILE, DroppedPatch, append_history
 from vllm_overlay.lint import KEPT_FILE, lint
@@ -16,16 +15,6 @@ DEMO_TEST = "tests/probes/test_demo.py"
 ENTRY = DroppedPatch(
     "old.patch", "old change", "9.8.0", RELEASE, "reverse-applies", "Pending", "none"
 )
-
-
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-c", "user.name=T", "-c", "user.email=t@example.invalid", *args],
-        cwd=cwd,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
 
 
 def add_tests(project, source: str) -> None:
@@ -84,9 +73,9 @@ def test_a_wrong_kept_entry_is_rejected(project, entry, message):
 def committed_history(project):
     """A git checkout whose HEAD holds a history with two entries."""
     append_history(project.patches, [ENTRY, replace(ENTRY, patch="older.patch")])
-    git(project.root, "init", "-q")
-    git(project.root, "add", "-A")
-    git(project.root, "commit", "-qm", "project")
+    run_git(project.root, "init", "-q")
+    run_git(project.root, "add", "-A")
+    run_git(project.root, "commit", "-qm", "project")
     return project.patches / HISTORY_FILE
 
 

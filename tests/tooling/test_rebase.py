@@ -17,6 +17,7 @@ from conftest import (
     TRAILERS,
     format_patch,
     run_cli,
+    run_git,
     scheduler_edit,
     sha256_file,
 )
@@ -35,16 +36,6 @@ PATCHED_LINE = "line twenty, patched"
 DEMO_PROBE = "tests/probes/test_demo.py::test_demo"
 
 
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-c", "user.name=T", "-c", "user.email=t@example.invalid", *args],
-        cwd=cwd,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-
-
 def pin_target(project, scheduler: str, version: str = TO) -> None:
     """Pin release `version`, whose scheduler is `scheduler`, and cache its
     wheel."""
@@ -54,15 +45,15 @@ def pin_target(project, scheduler: str, version: str = TO) -> None:
 @pytest.fixture
 def checkout(project):
     """The synthetic project as a git work tree with everything committed."""
-    git(project.root, "init", "-q")
-    git(project.root, "add", "-A")
-    git(project.root, "commit", "-qm", "project")
+    run_git(project.root, "init", "-q")
+    run_git(project.root, "add", "-A")
+    run_git(project.root, "commit", "-qm", "project")
     return project
 
 
 def committed(project) -> None:
-    git(project.root, "add", "-A")
-    git(project.root, "commit", "-qm", "pin")
+    run_git(project.root, "add", "-A")
+    run_git(project.root, "commit", "-qm", "pin")
 
 
 def target_dir(project) -> Path:
@@ -125,10 +116,10 @@ def test_history_is_only_appended(checkout, capsys):
     committed(checkout)
     assert rebase(capsys, RELEASE, TO)[0] == 0
     first = history.read_text()
-    git(checkout.root, "add", "-A")
-    git(checkout.root, "commit", "-qm", "rebased")
+    run_git(checkout.root, "add", "-A")
+    run_git(checkout.root, "commit", "-qm", "rebased")
     subprocess.run(["rm", "-r", str(target_dir(checkout))], check=True)
-    git(checkout.root, "commit", "-qam", "drop the series again")
+    run_git(checkout.root, "commit", "-qam", "drop the series again")
     assert rebase(capsys, RELEASE, TO)[0] == 0
     second = history.read_text()
     assert second.startswith(first)
@@ -152,7 +143,7 @@ def test_conflict_stops_with_a_report_and_writes_nothing(checkout, capsys):
         assert side in err
     assert "--continue" in err
     assert not target_dir(checkout).exists()
-    assert git(checkout.root, "status", "--porcelain", "patches") == ""
+    assert run_git(checkout.root, "status", "--porcelain", "patches") == ""
     assert (state_dir(checkout.patches) / "conflict.txt").read_text() in err
 
 
@@ -180,7 +171,7 @@ def test_continue_after_resolving_keeps_the_resolution(checkout, capsys):
     code, _, err = rebase(capsys, "--continue")
     assert code == 1
     assert "still unmerged" in err
-    git(repo_of(checkout), "add", SCHEDULER)
+    run_git(repo_of(checkout), "add", SCHEDULER)
     code, out, _ = rebase(capsys, "--continue")
     assert code == 0, out
     assert f"kept     {PATCH}" in out
@@ -193,7 +184,7 @@ def test_continue_after_resolving_keeps_the_resolution(checkout, capsys):
 def test_markers_left_in_a_staged_file_are_refused(checkout, capsys):
     conflicting(checkout)
     rebase(capsys, RELEASE, TO)
-    git(repo_of(checkout), "add", SCHEDULER)
+    run_git(repo_of(checkout), "add", SCHEDULER)
     code, _, err = rebase(capsys, "--continue")
     assert code == 1
     assert f"conflict markers left in {SCHEDULER}" in err
@@ -205,7 +196,7 @@ def test_resolving_to_upstream_drops_the_patch(checkout, capsys):
     (repo_of(checkout) / SCHEDULER).write_text(
         scheduler_edit(20, "line twenty, upstream")
     )
-    git(repo_of(checkout), "add", SCHEDULER)
+    run_git(repo_of(checkout), "add", SCHEDULER)
     code, out, _ = rebase(capsys, "--continue")
     assert code == 0
     assert "empty after the maintainer resolved" in out
@@ -228,7 +219,7 @@ def test_abort_leaves_nothing(checkout, capsys):
     assert code == 0
     assert f"abandoned the rebase {RELEASE} -> {TO}" in out
     assert not state_dir(checkout.patches).exists()
-    assert git(checkout.root, "status", "--porcelain", "patches") == ""
+    assert run_git(checkout.root, "status", "--porcelain", "patches") == ""
 
 
 def test_later_patches_replay_after_a_resolved_conflict(checkout, capsys):
@@ -244,7 +235,7 @@ def test_later_patches_replay_after_a_resolved_conflict(checkout, capsys):
     conflicting(checkout)
     rebase(capsys, RELEASE, TO)
     (repo_of(checkout) / SCHEDULER).write_text(scheduler_edit(20, "resolved"))
-    git(repo_of(checkout), "add", SCHEDULER)
+    run_git(repo_of(checkout), "add", SCHEDULER)
     code, out, _ = rebase(capsys, "--continue")
     assert code == 0, out
     assert [p.name for p in release_series(TO).patches] == [
@@ -472,7 +463,7 @@ def test_probes_run_after_continue(checkout, probe_env, capsys):
     rebase(capsys, RELEASE, TO)
     assert probe_env.runs == []
     (repo_of(checkout) / SCHEDULER).write_text(scheduler_edit(20, "resolved"))
-    git(repo_of(checkout), "add", SCHEDULER)
+    run_git(repo_of(checkout), "add", SCHEDULER)
     probe_env.outcomes[DEMO_PROBE] = "failed"
     code, out, _ = rebase(capsys, "--continue")
     assert code == 1
@@ -535,7 +526,7 @@ def test_a_resolution_that_loses_the_change_fails_its_probe(checkout, tmp_path, 
     committed(checkout)
     rebase(capsys, RELEASE, TO)
     (repo_of(checkout) / SCHEDULER).write_text(scheduler_edit(20, "line 20, merged"))
-    git(repo_of(checkout), "add", SCHEDULER)
+    run_git(repo_of(checkout), "add", SCHEDULER)
     code, out, _ = rebase(capsys, "--continue")
     assert code == 1
     assert f"kept     {PATCH}" in out
