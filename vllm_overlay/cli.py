@@ -9,6 +9,7 @@ from vllm_overlay.export import refresh, refresh_check
 from vllm_overlay.extract import extract
 from vllm_overlay.lint import lint
 from vllm_overlay.locations import patches_root
+from vllm_overlay.pin import bump_release, pin_release
 from vllm_overlay.pins import DISTRIBUTIONS
 from vllm_overlay.probing import format_rebased
 from vllm_overlay.rebase import (
@@ -45,6 +46,26 @@ def _lint(args: argparse.Namespace) -> int:
         print(f"vllm-overlay lint: {len(problems)} problem(s)", file=sys.stderr)
         return 1
     print("vllm-overlay lint: the series are well-formed")
+    return 0
+
+
+def _pin(args: argparse.Namespace) -> int:
+    if args.bump:
+        if args.dist:
+            raise OverlayError("--bump takes no --dist: it changes no artifact")
+        old, pin = bump_release(args.release)
+        change = "kept" if old == pin.revision else f"{old} -> {pin.revision}"
+        print(
+            f"vLLM {pin.version}: recorded its series for revision {pin.revision} "
+            f"(revision {change})"
+        )
+        return 0
+    pin = pin_release(args.release, args.dist or ())
+    dists = ", ".join(
+        f"{dist} ({sum(w.dist == dist for w in pin.wheels)})"
+        for dist in dict.fromkeys(w.dist for w in pin.wheels)
+    )
+    print(f"pinned vLLM {pin.version}: the sdist and wheels of {dists}")
     return 0
 
 
@@ -207,6 +228,26 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=Path("dist"), help="output directory (dist)"
     )
     build.set_defaults(func=_build)
+    pin = commands.add_parser(
+        "pin",
+        help="pin a release's sdist and wheels, with sha256, in releases.toml "
+        "(--bump: record a changed series under a new revision)",
+    )
+    pin.add_argument("release", help="the vLLM release")
+    pin.add_argument(
+        "--dist",
+        action="append",
+        choices=DISTRIBUTIONS,
+        help="a distribution whose wheels to pin, repeatable (default: every "
+        "known one that has wheels)",
+    )
+    pin.add_argument(
+        "--bump",
+        action="store_true",
+        help="record the release's current series next to its revision, "
+        "incrementing the revision when the recorded series changed",
+    )
+    pin.set_defaults(func=_pin)
     check = commands.add_parser(
         "lint", help="check pins, series files, patch trailers and probe ids"
     )

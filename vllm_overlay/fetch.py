@@ -13,7 +13,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
@@ -22,15 +23,14 @@ from vllm_overlay.pins import ReleasePin, WheelPin
 
 _CHUNK = 1 << 20
 _SDIST_MARKER = ".vllm-overlay-sdist-sha256"
-_OFFLINE_HINTS = (
+_UNREACHABLE = (
     "NewConnectionError",
     "Temporary failure in name resolution",
     "Network is unreachable",
     "Connection refused",
     "Max retries exceeded",
-    "No matching distribution found",
-    "Could not find a version",
 )
+_NOT_FOUND = ("No matching distribution found", "Could not find a version")
 
 
 def sha256_of(path: Path) -> str:
@@ -68,12 +68,12 @@ def fetch_wheel(release: ReleasePin, wheel: WheelPin, cache: Path) -> Path:
         requirement = f"{wheel.dist}=={release.version}"
         print(f"vllm-overlay: downloading {wheel.filename}", file=sys.stderr)
         with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
-            failure = _pip_download(
+            failure = pip_download(
                 requirement,
-                wheel.sha256,
                 Path(tmp),
                 ["--only-binary", ":all:", "-d", str(Path(tmp) / "out")],
-            )
+                wheel.sha256,
+            ).failure()
             if failure:
                 raise OverlayError(failure)
             got = Path(tmp) / "out" / wheel.filename
@@ -114,9 +114,8 @@ def fetch_sdist_tree(release: ReleasePin, cache: Path) -> Path:
         shutil.rmtree(target, ignore_errors=True)
         print(f"vllm-overlay: downloading {release.sdist.filename}", file=sys.stderr)
         with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
-            failure = _pip_download(
+            failure = pip_download(
                 f"vllm=={release.version}",
-                sha256,
                 Path(tmp),
                 [
                     "--no-binary",
@@ -126,7 +125,8 @@ def fetch_sdist_tree(release: ReleasePin, cache: Path) -> Path:
                     "-d",
                     str(Path(tmp) / "out"),
                 ],
-            )
+                sha256,
+            ).failure()
             trees = sorted(Path(tmp).glob("pip-download-*/vllm_*"))
             if len(trees) != 1 or not (trees[0] / "PKG-INFO").is_file():
                 raise OverlayError(
@@ -143,29 +143,63 @@ def fetch_sdist_tree(release: ReleasePin, cache: Path) -> Path:
     return target
 
 
-def _pip_download(
-    requirement: str, sha256: str, workdir: Path, options: list[str]
-) -> str | None:
-    """Run `pip download --no-deps --require-hashes` for one pinned artifact.
+@dataclass(frozen=True)
+class PipRun:
+    """What one `pip download` did: its exit status and its whole output."""
 
-    A hash mismatch raises at once. Otherwise this returns None when pip
-    succeeded, or a one-line reason when it failed; for an sdist pip always
-    fails at the metadata step, so the caller judges by what was unpacked.
+    requirement: str
+    returncode: int
+    output: str
+
+    @property
+    def unreachable(self) -> bool:
+        """Whether pip could not reach the package index at all."""
+        return any(hint in self.output for hint in _UNREACHABLE)
+
+    @property
+    def not_found(self) -> bool:
+        """Whether the index (or a mirror) had no file that fits."""
+        return any(hint in self.output for hint in _NOT_FOUND)
+
+    def failure(self) -> str | None:
+        """None when pip succeeded, else one line saying why it did not."""
+        if self.returncode == 0:
+            return None
+        last = last_error_line(self.output)
+        if self.unreachable or self.not_found:
+            return (
+                f"cannot download {self.requirement} and the cache has no copy "
+                f"(is the package index reachable?): {last}"
+            )
+        return f"pip could not download {self.requirement}: {last}"
+
+
+def pip_download(
+    requirement: str,
+    workdir: Path,
+    options: Sequence[str],
+    sha256: str | None = None,
+    *,
+    hash_checking: bool = False,
+) -> PipRun:
+    """Run `pip download --no-deps` for one requirement, its temporary files
+    in `workdir` (pip leaves an unpacked sdist there with `--no-clean`).
+
+    With `sha256`, pip runs in hash-checking mode against it, and a mismatch
+    raises at once. `hash_checking` without a hash is how a file's sha256 is
+    learned when pip cannot keep the file (an sdist whose metadata step
+    fails): pip downloads it, hashes it and reports the hash, keeping nothing.
     """
+    checking = sha256 is not None or hash_checking
+    line = requirement + (f" --hash=sha256:{sha256}" if sha256 else "")
     requirements = workdir / "requirements.txt"
-    requirements.write_text(f"{requirement} --hash=sha256:{sha256}\n")
+    requirements.write_text(line + "\n")
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--progress-bar",
-            "off",
-            "--require-hashes",
-            "-r",
-            str(requirements),
+            *(sys.executable, "-m", "pip", "download", "--no-deps"),
+            *("--progress-bar", "off"),
+            *(["--require-hashes"] if checking else []),
+            *("-r", str(requirements)),
             *options,
         ],
         capture_output=True,
@@ -173,21 +207,13 @@ def _pip_download(
         env=dict(os.environ, TMPDIR=str(workdir)),
         check=False,
     )
-    output = proc.stdout + proc.stderr
-    if "DO NOT MATCH THE HASHES" in output:
+    run = PipRun(requirement, proc.returncode, proc.stdout + proc.stderr)
+    if sha256 and "DO NOT MATCH THE HASHES" in run.output:
         raise OverlayError(
             f"{requirement}: the downloaded file does not match the pinned sha256 "
             f"{sha256}; refusing to use it"
         )
-    if proc.returncode == 0:
-        return None
-    last = last_error_line(output)
-    if any(hint in output for hint in _OFFLINE_HINTS):
-        return (
-            f"cannot download {requirement} and the cache has no copy "
-            f"(is the package index reachable?): {last}"
-        )
-    return f"pip could not download {requirement}: {last}"
+    return run
 
 
 def last_error_line(output: str) -> str:

@@ -11,7 +11,10 @@ rest of the checkout:
   unchanged and first;
 - each pinned release's series applies with zero fuzz and zero offset to the
   release's cached sources, so a corrupted context line is found here rather
-  than as an out-of-date `PATCHES.md`.
+  than as an out-of-date `PATCHES.md`;
+- each series is the one its release's `revision` was recorded for (the
+  `series_digest` `vllm-overlay pin --bump` writes), so a changed series
+  never reaches a build under the version of the old one.
 
 A check that cannot run here (no git checkout, sources not cached) is named on
 stderr as skipped; it is not a problem.
@@ -89,6 +92,7 @@ def lint(patches_root: Path, cache: Path | None = None) -> list[str]:
         except OverlayError as exc:
             problems.append(str(exc))
     problems.extend(history_edits(patches_root))
+    problems.extend(revision_problems(patches_root, pins))
     problems.extend(application_problems(patches_root, pins, cache or cache_root()))
     return problems
 
@@ -231,6 +235,33 @@ def _committed_history(patches_root: Path) -> str | None:
         return None
     shown = git_run(patches_root, "show", f"HEAD:./{HISTORY_FILE.as_posix()}")
     return shown.stdout if shown.returncode == 0 else None
+
+
+def revision_problems(patches_root: Path, pins: dict[str, ReleasePin]) -> list[str]:
+    """A problem for each series that is not the one recorded for its
+    release's `revision`. A series not recorded yet (one `rebase` just wrote)
+    is named on stderr, not a problem: there is nothing to compare with."""
+    problems = []
+    for version in sorted(pins, key=Version):
+        release = pins[version]
+        try:
+            series = load_series(patches_root, release)
+        except OverlayError:
+            continue  # no series yet, or its defects are listed elsewhere
+        bump = f"`vllm-overlay pin --bump {version}`"
+        if release.series_digest is None:
+            print(
+                f"vllm-overlay lint: vLLM {version}'s series is not recorded for "
+                f"revision {release.revision} yet ({bump} records it)",
+                file=sys.stderr,
+            )
+        elif release.series_digest != series.digest:
+            problems.append(
+                f"{series.directory}: the series changed since revision "
+                f"{release.revision} was recorded, and its revision did not; "
+                f"run {bump}"
+            )
+    return problems
 
 
 def application_problems(

@@ -50,6 +50,9 @@ class ReleasePin:
     revision: int
     sdist: Artifact
     wheels: tuple[WheelPin, ...]
+    # `Series.digest` of the series `revision` was recorded for (None until
+    # `vllm-overlay pin --bump` records one): `lint` fails when they differ.
+    series_digest: str | None = None
 
     def wheel_for(self, dist: str, tags: list[Tag] | None = None) -> WheelPin:
         """The pinned wheel of `dist` that installs here (the first of the
@@ -132,7 +135,12 @@ def _parse_release(path: Path, version: str, table: object) -> ReleasePin:
                 f"{where}: {artifact.filename} is not a {dist} {version} wheel"
             )
         pinned.append(WheelPin(artifact.filename, artifact.sha256, dist))
-    return ReleasePin(version, revision, sdist, tuple(pinned))
+    digest = table.get("series_digest")
+    if digest is not None and not (
+        isinstance(digest, str) and _SHA256.fullmatch(digest)
+    ):
+        raise OverlayError(f"{where}: series_digest must be a lowercase hex sha256")
+    return ReleasePin(version, revision, sdist, tuple(pinned), digest)
 
 
 def _artifact(where: str, kind: str, entry: object) -> Artifact:
@@ -151,6 +159,17 @@ def _parse_wheel_name(where: str, filename: str):
         return parse_wheel_filename(filename)
     except ValueError as exc:
         raise OverlayError(f"{where}: {exc}") from None
+
+
+def normalise_version(version: str) -> str:
+    """`v0.33.0` or `0.33.0` -> `0.33.0`; anything else is refused before any
+    download, so a typo costs no network round trip."""
+    version = version.removeprefix("v")
+    try:
+        Version(version)
+    except InvalidVersion:
+        raise OverlayError(f"{version!r} is not a version number") from None
+    return version
 
 
 def resolve_release(pins: dict[str, ReleasePin], version: str | None) -> ReleasePin:

@@ -40,21 +40,25 @@ import functools
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from vllm_overlay.applier import apply_error, git_apply, hunk_problems
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.fetch import fetch_wheel, last_error_line, wheel_members
+from vllm_overlay.fetch import (
+    fetch_wheel,
+    last_error_line,
+    pip_download,
+    wheel_members,
+)
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.locking import exclusive
-from vllm_overlay.pins import ReleasePin
+from vllm_overlay.pins import ReleasePin, normalise_version
 from vllm_overlay.probing import probe_verdicts
 from vllm_overlay.rebase import backport_drop
 from vllm_overlay.release import nearest_series, pinned_releases
@@ -97,7 +101,7 @@ def status(
     root = root or patches_root()
     cache = cache or cache_root()
     pins = pinned_releases(root)
-    wanted = [_normalise(v) for v in versions] or sorted(pins, key=Version)
+    wanted = [normalise_version(v) for v in versions] or sorted(pins, key=Version)
     rows: list[PatchStatus] = []
     for asked in wanted:
         pin = _pinned(pins, asked)
@@ -145,24 +149,13 @@ def refuse_unrecordable(versions: list[str], root: Path | None = None) -> None:
     checked or printed."""
     root = root or patches_root()
     pins = pinned_releases(root)
-    for asked in map(_normalise, versions):
+    for asked in map(normalise_version, versions):
         pin = _pinned(pins, asked)
         if pin is None or not has_series(root, pin.version):
             raise OverlayError(
                 f"vLLM {pin.version if pin else asked} has no series of its own; "
                 "--record keeps the verdicts of a pinned release's own series only"
             )
-
-
-def _normalise(version: str) -> str:
-    """`v0.33.0` or `0.33.0` -> `0.33.0`; anything else is refused before any
-    download, so a typo costs no network round trip."""
-    version = version.removeprefix("v")
-    try:
-        Version(version)
-    except InvalidVersion:
-        raise OverlayError(f"{version!r} is not a version number") from None
-    return version
 
 
 def _pinned(pins: dict[str, ReleasePin], version: str) -> ReleasePin | None:
@@ -201,23 +194,17 @@ def download_unpinned(version: str, cache: Path) -> Path:
 
 
 def _pip_download_wheel(version: str, directory: Path) -> Path:
-    """Download the one `vllm==version` wheel pip picks for this platform."""
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "pip", "download", "--no-deps"),
-            *("--only-binary", ":all:", "--progress-bar", "off"),
-            *("-d", str(directory), f"vllm=={version}"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+    """Download the one `vllm==version` wheel pip picks for this platform
+    into `directory/out`."""
+    out = directory / "out"
+    run = pip_download(
+        f"vllm=={version}", directory, ["--only-binary", ":all:", "-d", str(out)]
     )
-    wheels = sorted(directory.glob("vllm-*.whl"))
-    if proc.returncode != 0 or len(wheels) != 1:
-        reason = last_error_line(proc.stdout + proc.stderr)
+    wheels = sorted(out.glob("vllm-*.whl"))
+    if run.returncode != 0 or len(wheels) != 1:
         raise OverlayError(
             f"cannot download vllm=={version}; is it a published release, and is "
-            f"the package index reachable? ({reason})"
+            f"the package index reachable? ({last_error_line(run.output)})"
         )
     return wheels[0]
 

@@ -42,18 +42,23 @@ def record_hash(content: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def make_wheel(path: Path, dist: str = "vllm", members: dict | None = None) -> Path:
+def make_wheel(
+    path: Path,
+    dist: str = "vllm",
+    members: dict | None = None,
+    version: str = RELEASE,
+) -> Path:
     """A wheel shaped like vLLM's: Python files, a compiled extension stored
     without compression, a `_version.py` and a dist-info with RECORD."""
-    dist_info = f"{dist.replace('-', '_')}-{RELEASE}.dist-info"
+    dist_info = f"{dist.replace('-', '_')}-{version}.dist-info"
     files = {
         "vllm/__init__.py": b"from vllm._version import __version__\n",
-        "vllm/_version.py": f'__version__ = "{RELEASE}"\n'.encode(),
+        "vllm/_version.py": f'__version__ = "{version}"\n'.encode(),
         SCHEDULER: SCHEDULER_SOURCE.encode(),
         "vllm/v1/metrics/stats.py": b"STATS = 1\n",
         "vllm/_C.abi3.so": EXTENSION,
         f"{dist_info}/METADATA": (
-            f"Metadata-Version: 2.4\nName: {dist}\nVersion: {RELEASE}\n"
+            f"Metadata-Version: 2.4\nName: {dist}\nVersion: {version}\n"
             "Summary: test\n\nA description.\nName: not a header\n"
         ).encode(),
         f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n",

@@ -8,6 +8,7 @@ from packaging.version import Version
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.pins import load_pins, resolve_release
 from vllm_overlay.release import PINS_FILE, pinned_releases
+from vllm_overlay.series import has_series, load_series
 
 REPO_PATCHES = Path(__file__).resolve().parents[2] / "patches"
 SHA = "a" * 64
@@ -127,3 +128,12 @@ def test_no_platform_name_is_in_the_labels_by_accident(tmp_path):
         assert "cpu" in cpu and "cpu" not in plain
         for other in ("cuda", "rocm", "tpu", "xpu", "hip", "neuron", "hpu"):
             assert other not in plain and other not in cpu
+
+
+def test_each_series_of_the_repository_is_recorded_for_its_revision():
+    """`lint` only names a series not recorded yet; the repository's own
+    series must all be recorded (`vllm-overlay pin --bump RELEASE`)."""
+    pins = pinned_releases(REPO_PATCHES)
+    for version, pin in pins.items():
+        if has_series(REPO_PATCHES, version):
+            assert pin.series_digest == load_series(REPO_PATCHES, pin).digest, version

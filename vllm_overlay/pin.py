@@ -1,0 +1,289 @@
+"""`vllm-overlay pin`: a release's artifacts, and the series its revision names.
+
+`pin RELEASE` asks the package index, through pip (so the user's mirrors,
+proxies and certificates apply), for the release's sdist and for the wheels of
+each distribution on each architecture we pin, and adds the release's table,
+every file with its sha256, to the pins file. `pin --bump RELEASE` records the
+release's series (`Series.digest`) next to its `revision`, incrementing the
+revision when the recorded series has changed since: `lint` fails while a
+series is not the one its revision was recorded for, so two different patched
+builds never share a version.
+
+The pins file is rewritten one release table at a time, each rendered by
+`tomli_w`: every other release keeps its text byte for byte (comments
+included), and the result is parsed back and checked before it replaces the
+file in one rename.
+"""
+
+import os
+import re
+import sys
+import tempfile
+import tomllib
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from packaging.version import Version
+
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.fetch import last_error_line, pip_download, sha256_of
+from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
+from vllm_overlay.locking import exclusive
+from vllm_overlay.pins import (
+    DISTRIBUTIONS,
+    ReleasePin,
+    load_pins,
+    normalise_version,
+    resolve_release,
+)
+from vllm_overlay.series import load_series
+
+# The machines the patched builds serve on; a wheel for any other platform is
+# not pinned.
+ARCHITECTURES = ("x86_64", "aarch64")
+# The newest glibc whose manylinux tag is offered to pip (`manylinux_2_N`).
+_NEWEST_GLIBC_MINOR = 40
+_LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+_REPORTED_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+_RELEASE_HEADER = re.compile(r'^\[ *releases *\. *"([^"\\]+)" *\]', re.M)
+
+
+def platform_tags(arch: str) -> list[str]:
+    """The Linux platform tags of `arch`, best first, for pip's `--platform`.
+
+    pip matches `--platform` tags exactly (it does not widen
+    `manylinux_2_28_x86_64` to older glibc versions), so every manylinux tag
+    is named, newest first, so that pip picks the wheel built for the newest
+    glibc, as it would on such a machine.
+    """
+    tags = []
+    for minor in range(_NEWEST_GLIBC_MINOR, 4, -1):
+        tags.append(f"manylinux_2_{minor}_{arch}")
+        if minor in _LEGACY_MANYLINUX:
+            tags.append(f"{_LEGACY_MANYLINUX[minor]}_{arch}")
+    return [*tags, f"linux_{arch}"]
+
+
+def pin_release(
+    version: str,
+    dists: Sequence[str] = (),
+    root: Path | None = None,
+    cache: Path | None = None,
+) -> ReleasePin:
+    """Pin vLLM `version`: its sdist and the wheels of `dists` (default: every
+    known distribution that has any), with revision 1 and no series yet.
+
+    Every refusal comes before the pins file is touched. The wheels, hashed,
+    go into the download cache, where `build` verifies them against the new
+    pin instead of downloading them again.
+    """
+    root = root or patches_root()
+    path = root / PINS_FILE
+    version = normalise_version(version)
+    pins = load_pins(path)
+    pinned = next((v for v in pins if Version(v) == Version(version)), None)
+    if pinned is not None:
+        raise OverlayError(
+            f"vLLM {pinned} is already pinned in {path}; after changing its "
+            f"series, `vllm-overlay pin --bump {pinned}` records it"
+        )
+    cache = cache or cache_root()
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".pin-") as tmp:
+        sdist_sha256 = _sdist_sha256(version, Path(tmp) / "sdist")
+        wheels = _download_wheels(version, dists, Path(tmp) / "wheels")
+        table = {
+            "revision": 1,
+            "sdist": {"filename": f"vllm-{version}.tar.gz", "sha256": sdist_sha256},
+            "wheels": [
+                {"dist": dist, "filename": wheel.name, "sha256": sha256}
+                for dist, wheel, sha256 in wheels
+            ],
+        }
+        pin = write_release(path, version, table)
+        with exclusive(cache / "wheels"):
+            for _, wheel, _ in wheels:
+                os.replace(wheel, cache / "wheels" / wheel.name)
+    return pin
+
+
+def bump_release(version: str, root: Path | None = None) -> tuple[int, ReleasePin]:
+    """Record the release's current series next to its revision: the old
+    revision and the new pin.
+
+    The revision goes up by one when a recorded series has changed; a series
+    recorded for the first time keeps it, as there is no recorded series to
+    tell a change from (`rebase` writes a new release's first series under
+    revision 1). An unchanged series is refused: there is nothing to bump.
+    """
+    root = root or patches_root()
+    path = root / PINS_FILE
+    release = resolve_release(load_pins(path), version)
+    series = load_series(root, release)
+    if release.series_digest == series.digest:
+        raise OverlayError(
+            f"the series of vLLM {release.version} is unchanged since revision "
+            f"{release.revision} was recorded; there is nothing to bump"
+        )
+    revision = release.revision + 1 if release.series_digest else release.revision
+    bumped = replace(series, release=replace(release, revision=revision))
+    table = tomllib.loads(path.read_text(encoding="utf-8"))["releases"][release.version]
+    table.update(revision=revision, series_digest=bumped.digest)
+    return release.revision, write_release(path, release.version, table)
+
+
+def _sdist_sha256(version: str, workdir: Path) -> str:
+    """The sha256 of the release's sdist, as pip computed it downloading it.
+
+    vLLM's sdist cannot be built here (its metadata step needs CUDA tooling),
+    so pip never keeps the archive; in hash-checking mode without a hash it
+    still downloads it, hashes it and reports the hash, before that step.
+    """
+    workdir.mkdir()
+    requirement = f"vllm=={version}"
+    print(f"vllm-overlay: downloading {requirement} (sdist)", file=sys.stderr)
+    run = pip_download(
+        requirement,
+        workdir,
+        ["--no-binary", ":all:", "-d", str(workdir / "out")],
+        hash_checking=True,
+    )
+    reported = _REPORTED_HASH.findall(run.output)
+    if len(reported) == 1:
+        return reported[0]
+    last = last_error_line(run.output)
+    if run.unreachable:
+        raise OverlayError(
+            f"cannot pin vLLM {version}: the package index is not reachable ({last})"
+        )
+    if run.not_found:
+        raise OverlayError(
+            f"vLLM {version} has no sdist on the package index, so it cannot be "
+            f"pinned ({last})"
+        )
+    raise OverlayError(f"pip reported no sha256 for the sdist of {requirement}: {last}")
+
+
+def _download_wheels(
+    version: str, dists: Sequence[str], workdir: Path
+) -> list[tuple[str, Path, str]]:
+    """(dist, downloaded wheel, sha256) for each wheel of the release pip
+    finds for each of `ARCHITECTURES`, per distribution (every known one
+    when `dists` is empty, which then need not all have wheels)."""
+    found: dict[str, tuple[str, Path, str]] = {}
+    for dist in dict.fromkeys(dists or DISTRIBUTIONS):
+        for arch in ARCHITECTURES:
+            wheel = _download_wheel(dist, version, arch, workdir / f"{dist}-{arch}")
+            if wheel is not None:
+                found.setdefault(wheel.name, (dist, wheel, sha256_of(wheel)))
+        if dists and not any(entry[0] == dist for entry in found.values()):
+            raise OverlayError(
+                f"vLLM {version} has no {dist} wheel for {' or '.join(ARCHITECTURES)} "
+                "on the package index"
+            )
+    if not found:
+        raise OverlayError(
+            f"vLLM {version} has no wheel of a known distribution "
+            f"({', '.join(DISTRIBUTIONS)}) for {' or '.join(ARCHITECTURES)} on the "
+            "package index"
+        )
+    return list(found.values())
+
+
+def _download_wheel(dist: str, version: str, arch: str, workdir: Path) -> Path | None:
+    """The wheel of `dist` `version` pip picks for `arch`, or None when the
+    index has none. No sha256 is known yet, so this is not hash-checking mode;
+    pip still checks the hash an index publishes with each file."""
+    workdir.mkdir(parents=True)
+    requirement = f"{dist}=={version}"
+    print(f"vllm-overlay: downloading {requirement} for {arch}", file=sys.stderr)
+    platforms = [arg for tag in platform_tags(arch) for arg in ("--platform", tag)]
+    out = workdir / "out"
+    run = pip_download(
+        requirement, workdir, ["--only-binary", ":all:", *platforms, "-d", str(out)]
+    )
+    wheels = sorted(out.glob("*.whl"))
+    if run.returncode == 0 and len(wheels) == 1:
+        return wheels[0]
+    if run.not_found and not run.unreachable:
+        return None
+    raise OverlayError(
+        run.failure() or f"pip did not produce one wheel for {requirement} on {arch}"
+    )
+
+
+def write_release(path: Path, version: str, table: dict[str, Any]) -> ReleasePin:
+    """Put release `version`'s `table` into the pins file (replacing its old
+    table, or adding it before the first newer release) and return its pin.
+
+    Only that table is rendered (by `tomli_w`); the rest of the file keeps its
+    bytes. The new text must parse to the old data with this one table
+    changed and pass `load_pins`, else nothing is written.
+    """
+    text = path.read_text(encoding="utf-8")
+    releases = tomllib.loads(text)["releases"]
+    head, chunks = _release_chunks(path, text, releases)
+    if version not in chunks:
+        later = [v for v in chunks if Version(v) > Version(version)]
+        at = list(chunks).index(later[0]) if later else len(chunks)
+        items = list(chunks.items())
+        chunks = dict([*items[:at], (version, ""), *items[at:]])
+    chunks[version] = tomli_w.dumps({"releases": {version: table}})
+    parts = list(chunks.values())
+    new_text = head + "".join(
+        part if n == len(parts) - 1 or part.endswith("\n\n") else part + "\n"
+        for n, part in enumerate(parts)
+    )
+    if tomllib.loads(new_text) != {"releases": {**releases, version: table}}:
+        raise OverlayError(f"{path}: rewriting release {version} changed other data")
+    scratch = path.with_name(f".{path.name}.tmp")
+    try:
+        scratch.write_text(new_text, encoding="utf-8")
+        pin = load_pins(scratch)[version]
+        os.replace(scratch, path)
+    finally:
+        scratch.unlink(missing_ok=True)
+    return pin
+
+
+def _release_chunks(
+    path: Path, text: str, releases: dict[str, Any]
+) -> tuple[str, dict[str, str]]:
+    """The file's text before the first release, and each release's text (from
+    its `[releases."X"]` header to the next one), in file order.
+
+    Each piece must parse on its own to exactly that release, and the head to
+    nothing, so that keeping a piece's bytes keeps its data.
+    """
+    starts = [(m.start(), m.group(1)) for m in _RELEASE_HEADER.finditer(text)]
+    bounds = [start for start, _ in starts] + [len(text)]
+    head = text[: bounds[0]]
+    chunks = {
+        version: text[start:end]
+        for (start, version), end in zip(starts, bounds[1:], strict=True)
+    }
+    faithful = (
+        len(chunks) == len(starts)
+        and chunks.keys() == releases.keys()
+        and (_parses_to(head, {}) or _parses_to(head, {"releases": {}}))
+        and all(
+            _parses_to(chunk, {"releases": {v: releases[v]}})
+            for v, chunk in chunks.items()
+        )
+    )
+    if not faithful:
+        raise OverlayError(
+            f"{path}: cannot rewrite one release and keep the others' text: each "
+            'release must be one [releases."X"] table with its sub-tables after it'
+        )
+    return head, chunks
+
+
+def _parses_to(text: str, data: dict[str, Any]) -> bool:
+    try:
+        return tomllib.loads(text) == data
+    except tomllib.TOMLDecodeError:
+        return False
