@@ -247,6 +247,28 @@ def test_unknown_release_is_a_one_line_error(project, monkeypatch, capsys):
     assert last.startswith("vllm-overlay: error: cannot download vllm==0.0.1")
 
 
+def test_an_unpinned_release_downloads_through_pip(
+    project, monkeypatch, capsys, tmp_path
+):
+    """Real pip, from a local index standing for PyPI's files of 9.9.3."""
+    make_wheel(
+        tmp_path / "index" / "vllm-9.9.3-cp38-abi3-linux_x86_64.whl", version="9.9.3"
+    )
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "index"))
+    (row,) = verdicts(capsys, "9.9.3")
+    assert (row["release"], row["pinned"], row["verdict"]) == (
+        "9.9.3",
+        False,
+        "applies exactly",
+    )
+    cached = project.cache / "unpinned" / "vllm-9.9.3"
+    assert [p.name for p in cached.iterdir()] == [
+        "vllm-9.9.3-cp38-abi3-linux_x86_64.whl"
+    ]
+
+
 def test_not_a_version_is_refused_before_any_download(project, capsys):
     code, _, err = run_cli(capsys, "status", "latest")
     assert code == 1
