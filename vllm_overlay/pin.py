@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
+from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.fetch import last_error_line, pip_download, sha256_of
+from vllm_overlay.fetch import PipRun, last_error_line, pip_download, sha256_of
 from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.locking import exclusive
 from vllm_overlay.pins import (
@@ -156,9 +157,7 @@ def _sdist_sha256(version: str, workdir: Path) -> str:
         return reported[0]
     last = last_error_line(run.output)
     if run.unreachable:
-        raise OverlayError(
-            f"cannot pin vLLM {version}: the package index is not reachable ({last})"
-        )
+        raise _unreachable(version, run)
     if run.not_found:
         raise OverlayError(
             f"vLLM {version} has no sdist on the package index, so it cannot be "
@@ -207,11 +206,25 @@ def _download_wheel(dist: str, version: str, arch: str, workdir: Path) -> Path |
     )
     wheels = sorted(out.glob("*.whl"))
     if run.returncode == 0 and len(wheels) == 1:
+        published = str(parse_wheel_filename(wheels[0].name)[1])
+        if published != version:
+            raise OverlayError(
+                f"vLLM {version} is published as {published}; pin {published}"
+            )
         return wheels[0]
-    if run.not_found and not run.unreachable:
+    if run.unreachable:
+        raise _unreachable(version, run)
+    if run.not_found:
         return None
     raise OverlayError(
         run.failure() or f"pip did not produce one wheel for {requirement} on {arch}"
+    )
+
+
+def _unreachable(version: str, run: PipRun) -> OverlayError:
+    return OverlayError(
+        f"cannot pin vLLM {version}: the package index is not reachable "
+        f"({last_error_line(run.output)})"
     )
 
 

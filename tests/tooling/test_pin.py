@@ -132,6 +132,10 @@ def test_refuses_a_pinned_release(project, index, capsys, asked):
     assert_refused(capsys, project, [asked], f"vLLM {RELEASE} is already pinned")
 
 
+def test_refuses_a_version_published_under_another_spelling(project, index, capsys):
+    assert_refused(capsys, project, ["9.10"], "vLLM 9.10 is published as 9.10.0")
+
+
 def test_refuses_a_release_without_sdist(project, index, capsys):
     (index / f"vllm-{NEW}.tar.gz").unlink()
     assert_refused(capsys, project, [NEW], f"vLLM {NEW} has no sdist")
