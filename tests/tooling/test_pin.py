@@ -106,7 +106,7 @@ def test_an_older_release_goes_before_the_newer_ones(project, index, capsys):
     make_sdist(index / "vllm-9.8.0.tar.gz", "9.8.0")
     make_wheel(index / f"vllm-9.8.0-{X86}", version="9.8.0")
     before = pins_file(project).read_text()
-    assert run_cli(capsys, "pin", "9.8.0")[0] == 0
+    assert run_cli(capsys, "pin", "9.8.0", "--dist", "vllm")[0] == 0
     text = pins_file(project).read_text()
     assert text.endswith(before)
     assert list(tomllib.loads(text)["releases"]) == ["9.8.0", RELEASE]
@@ -171,7 +171,7 @@ def test_refuses_without_network(project, capsys, monkeypatch):
     assert_refused(capsys, project, [NEW], "the package index is not reachable")
 
 
-def test_refuses_a_pins_file_it_cannot_rewrite_table_by_table(project, index, capsys):
+def test_refuses_a_pins_file_it_cannot_rewrite_table_by_table(project, capsys):
     """The same data written as dotted keys of one [releases] table."""
     path = pins_file(project)
     text = path.read_text().replace(f'[releases."{RELEASE}"]\n', "[releases]\n")
@@ -179,7 +179,7 @@ def test_refuses_a_pins_file_it_cannot_rewrite_table_by_table(project, index, ca
         text = text.replace(f"\n{key} =", f'\n"{RELEASE}".{key} =')
     path.write_text(text)
     assert load_pins(path)[RELEASE].revision == 1
-    assert_refused(capsys, project, [NEW], "cannot rewrite one release")
+    assert_refused(capsys, project, ["--bump", RELEASE], "cannot rewrite one release")
 
 
 def test_rewriting_a_release_is_stable(project):
@@ -263,9 +263,26 @@ def test_a_malformed_series_digest_is_refused(project):
     ]
 
 
-def test_a_releases_header_before_the_tables_is_kept(project, index, capsys):
+def test_a_releases_header_before_the_tables_is_kept(project, capsys):
     path = pins_file(project)
     path.write_text("# pins\n[releases]\n\n" + path.read_text())
-    before = path.read_text()
-    assert run_cli(capsys, "pin", NEW)[0] == 0
-    assert path.read_text().startswith(before)
+    assert run_cli(capsys, "pin", "--bump", RELEASE)[0] == 0
+    assert path.read_text().startswith("# pins\n[releases]\n\n[releases.")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--bump", RELEASE, "--dist", "vllm"], "--bump takes no --dist"),
+        (["--bump", "9.10.0"], "vLLM 9.10.0 has no series"),
+        (["--bump", "1.0.0"], "vLLM 1.0.0 is not a pinned release"),
+    ],
+)
+def test_bump_refusals(project, capsys, argv, message):
+    project.pin_release("9.10.0", scheduler_edit(3, "moved"))
+    before = pins_file(project).read_bytes()
+    code, out, err = run_cli(capsys, "pin", *argv)
+    assert (code, out) == (1, "")
+    assert err.startswith("vllm-overlay: error: ") and message in err
+    assert err.count("\n") == 1
+    assert pins_file(project).read_bytes() == before
