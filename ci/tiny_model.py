@@ -76,10 +76,11 @@ CONFIGS["tiny-qwen3.5-oracle"] = CONFIGS["tiny-qwen3.5"]
 # a P/D pair and of a single server apart by a little; with random weights
 # the top two logits of 2,048 tokens are often closer than that. A larger
 # embedding makes the residual stream, which the last norm and the output
-# layer read, mostly the current token's (exactly the same on both paths),
-# so the rounding of the layers' contributions moves the logits about ten
-# times less while the context still decides some tokens. Scaling the output
-# layer instead would scale the rounding with the gaps and change nothing.
+# layer read, mostly the current token's (exactly the same on both paths):
+# the layers' share of it falls from about 0.9 to 0.08 (measured with
+# transformers on 300 random tokens), so their rounding moves the logits
+# about ten times less, while the context still decides some tokens. Scaling
+# the output layer instead would scale the rounding with the gaps.
 SCALES: dict[str, dict[str, float]] = {
     "tiny-qwen3.5-oracle": {"model.embed_tokens.weight": 30.0},
 }
