@@ -414,6 +414,9 @@ def complete_all(
         "model": str(model),
         "max_tokens": MAX_TOKENS,
         "temperature": 0,
+        # A random model may say </s> anywhere: every completion has the same
+        # length, so that all runs compare the same positions.
+        "ignore_eos": True,
         "logprobs": 2,
         "return_tokens_as_token_ids": True,
     }
