@@ -10,8 +10,6 @@ served by path, so no hub cache or network is involved.
 - `tiny-qwen3.5`: a hybrid in Qwen3.5's layout, three Gated DeltaNet (linear
   attention) layers to one full-attention layer. Its linear-attention head
   size is 128: vLLM's CPU Gated DeltaNet kernel rejects smaller ones.
-- `tiny-qwen3.5-oracle`: the same with its token embeddings scaled up (see
-  `SCALES`), for the greedy comparisons of `ci/pd_e2e.py`.
 
 Writing one needs `tokenizers`, `torch` and `transformers`:
 `ensure_tiny_model` runs this file as a script under a release environment's
@@ -70,20 +68,6 @@ CONFIGS: dict[str, dict[str, object]] = {
         "rms_norm_eps": 1e-06,
     },
 }
-CONFIGS["tiny-qwen3.5-oracle"] = CONFIGS["tiny-qwen3.5"]
-# Weights multiplied after the random initialisation. vLLM's CPU Gated
-# DeltaNet kernel runs in bfloat16 only, whose rounding moves the logits of
-# a P/D pair and of a single server apart by a little; with random weights
-# the top two logits of 2,048 tokens are often closer than that. A larger
-# embedding makes the residual stream, which the last norm and the output
-# layer read, mostly the current token's (exactly the same on both paths):
-# the layers' share of it falls from about 0.9 to 0.08 (measured with
-# transformers on 300 random tokens), so their rounding moves the logits
-# about ten times less, while the context still decides some tokens. Scaling
-# the output layer instead would scale the rounding with the gaps.
-SCALES: dict[str, dict[str, float]] = {
-    "tiny-qwen3.5-oracle": {"model.embed_tokens.weight": 30.0},
-}
 VOCABULARY = Vocabulary(
     size=2048,
     specials={0: "<s>", 1: "</s>", 2: "<unk>"},
@@ -97,9 +81,7 @@ STAMP = ".vllm-overlay-tiny-model"
 
 def model_digest(name: str) -> str:
     """Changes whenever the checkpoint `name` would."""
-    payload = json.dumps(
-        [CONFIGS[name], repr(VOCABULARY), SCALES.get(name, {})], sort_keys=True
-    )
+    payload = json.dumps([CONFIGS[name], repr(VOCABULARY)], sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -132,27 +114,10 @@ def write_tiny_model(name: str, target: Path) -> None:
         (staging / "config.json").write_text(config)
         write_tokenizer(staging, VOCABULARY)
         write_random_weights(staging)
-        scale_weights(staging, SCALES.get(name, {}))
         (staging / STAMP).write_text(model_digest(name) + "\n")
         if target.exists():
             os.replace(target, Path(tmp) / "old")
         os.replace(staging, target)
-
-
-def scale_weights(checkpoint: Path, scales: dict[str, float]) -> None:
-    """Multiply the named tensors of the checkpoint's `model.safetensors`."""
-    if not scales:
-        return
-    from safetensors.torch import load_file, save_file
-
-    weights = checkpoint / "model.safetensors"
-    tensors = load_file(weights)
-    missing = sorted(set(scales) - set(tensors))
-    if missing:
-        raise OverlayError(f"{weights} has no tensor {', '.join(missing)}")
-    for name, factor in scales.items():
-        tensors[name] = tensors[name] * factor
-    save_file(tensors, weights, metadata={"format": "pt"})
 
 
 if __name__ == "__main__":
