@@ -34,8 +34,8 @@ Cases, on the decode side (the prefill side is plain NixlConnector):
 The model is `tiny-qwen3.5` of `ci/tiny_model.py`, in bfloat16: the CPU
 Gated DeltaNet kernel takes nothing else (ops/cpu/gdn_attention.py:158 asserts
 it), so float32 is not an option here. Its random logits are close (bfloat16
-ties are common), and the path from a P/D pair and from a single server
-differ by rounding, so each run reports the smallest top-two logprob gap of
+ties are common), and a P/D pair and a single server compute the same
+tokens with different rounding, so each run reports the smallest top-two gap of
 its generated tokens and the largest logprob difference from the reference:
 the margin is measured, not assumed. Scaling the output layer would not
 widen it (it scales the rounding with the gaps); scaling the embeddings
