@@ -9,6 +9,7 @@ if anything of it is left.
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,11 +26,39 @@ STOP_TIMEOUT_S = 60
 DROPPED_VARIABLES = ("PYTHONPATH", "VLLM_TARGET_DEVICE")
 
 
+# Ports handed out by `free_port` in this process, never handed out twice.
+_HANDED_OUT: set[int] = set()
+# Where `free_port` looks, below the kernel's ephemeral range.
+_LOWEST_PORT = 20000
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on now and that no other
+    process will take before the server that gets it binds it.
+
+    Not an ephemeral one (`bind(0)`): a port is chosen seconds before the
+    server that needs it binds it, and meanwhile the servers already
+    starting bind ephemeral ports by the dozen (vLLM's ZMQ sockets, torch's
+    gloo, NIXL's UCX listeners). A NIXL side channel chosen that way was
+    taken by the prefill server of its own pair (`ZMQError: Address already
+    in use` in the decode server's handshake listener). So the port comes
+    from below `ip_local_port_range`, where the kernel never assigns one."""
+    ephemeral_low = int(
+        Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]
+    )
+    candidates = list(range(_LOWEST_PORT, ephemeral_low))
+    start = random.randrange(len(candidates))
+    for port in candidates[start:] + candidates[:start]:
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise OSError(f"no free TCP port from {_LOWEST_PORT} to {ephemeral_low - 1}")
 
 
 def session_processes(session: int) -> list[int]:
