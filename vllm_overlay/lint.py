@@ -71,10 +71,9 @@ def lint(patches_root: Path, cache: Path | None = None) -> list[str]:
         if not directory.exists():
             # Between pinning a release and rebasing onto it (README,
             # "Rebasing onto a new release"): a normal state, not a problem.
-            print(
-                f"vllm-overlay lint: vLLM {version} is pinned and has no series "
-                f"yet (`vllm-overlay rebase FROM {version}` writes it)",
-                file=sys.stderr,
+            _note(
+                f"vLLM {version} is pinned and has no series yet "
+                f"(`vllm-overlay rebase FROM {version}` writes it)"
             )
         elif not (directory / SERIES_FILE).is_file():
             problems.append(
@@ -97,8 +96,13 @@ def lint(patches_root: Path, cache: Path | None = None) -> list[str]:
     return problems
 
 
+def _note(text: str) -> None:
+    """A line on stderr about a check that is not a problem."""
+    print(f"vllm-overlay lint: {text}", file=sys.stderr)
+
+
 def _skipped(check: str, why: str) -> None:
-    print(f"vllm-overlay lint: skipped {check}: {why}", file=sys.stderr)
+    _note(f"skipped {check}: {why}")
 
 
 def uncited_tests(repo_root: Path, directories: Iterable[Path]) -> list[str]:
@@ -250,10 +254,9 @@ def revision_problems(patches_root: Path, pins: dict[str, ReleasePin]) -> list[s
             continue  # no series yet, or its defects are listed elsewhere
         bump = f"`vllm-overlay pin --bump {version}`"
         if release.series_digest is None:
-            print(
-                f"vllm-overlay lint: vLLM {version}'s series is not recorded for "
-                f"revision {release.revision} yet ({bump} records it)",
-                file=sys.stderr,
+            _note(
+                f"vLLM {version}'s series is not recorded for revision "
+                f"{release.revision} yet ({bump} records it)"
             )
         elif release.series_digest != series.digest:
             problems.append(
