@@ -3,7 +3,7 @@ behind a MultiConnector.
 
 Two worker processes run in the release's environment (built by the harness):
 one serves vLLM's modules with this checkout's series applied, the other the
-pristine upstream files (both through `vllm_overlay.source_overlay`, so both
+pristine upstream files (both through `vllm_overlay.runtime.source_overlay`, so both
 import the same installed release and differ in the patched files only).
 The parent alternates them round by round and prints the median time of a
 scheduling step in each, and their ratio, from this one run.
@@ -36,11 +36,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_overlay import source_overlay
 from vllm_overlay.locations import REPO_ROOT, cache_root
-from vllm_overlay.manifest import read_installed_manifest
 from vllm_overlay.release import release_series
+from vllm_overlay.runtime import source_overlay
 from vllm_overlay.runtime.installed import installed_vllm
+from vllm_overlay.series.manifest import read_installed_manifest
 from vllm_overlay.testing.pristine import installed_touched_files, pristine_sources
 from vllm_overlay.testing.worktree import worktree_sources
 

@@ -44,12 +44,12 @@ from ci.upstream_tests import (
     run_upstream_tests,
     test_environment,
 )
+from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.export import check_round_trip
-from vllm_overlay.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.locations import REPO_ROOT, cache_root, patches_root
 from vllm_overlay.release import build_release, pinned_releases, release_series
-from vllm_overlay.series import Series
+from vllm_overlay.series.model import Series
+from vllm_overlay.track.refresh import check_round_trip
 
 UNPATCHED_PLUGIN = "vllm_overlay.testing.unpatched"
 PROBES_DIR = "tests/probes"
@@ -144,7 +144,7 @@ def junit_counts(report: Path) -> Counts:
 INSTALLED_CHECK = """
 import importlib.metadata, json, sys
 import vllm
-from vllm_overlay.manifest import read_installed_manifest
+from vllm_overlay.series.manifest import read_installed_manifest
 release, version, digest = sys.argv[1:]
 manifest = read_installed_manifest() or {}
 found = (vllm.__version__, importlib.metadata.version("vllm"), manifest.get("digest"))

@@ -87,8 +87,8 @@ if __package__ in (None, ""):
 from ci.servers import Server, free_port, server_environment
 from ci.tiny_model import ensure_tiny_model
 from ci.unpatched_env import ensure_unpatched_env
+from vllm_overlay.build.fetch import fetch_sdist_tree
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.fetch import fetch_sdist_tree
 from vllm_overlay.locations import cache_root
 from vllm_overlay.release import pinned_releases
 

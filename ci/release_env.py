@@ -35,8 +35,8 @@ if __package__ in (None, ""):
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from vllm_overlay.build.fetch import sha256_of
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.fetch import sha256_of
 from vllm_overlay.locking import exclusive
 
 # Bump whenever the recipe below changes, so that existing environments are
@@ -473,9 +473,9 @@ def _progress(release: str, message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Build or update one release's environment and print its directory."""
-    from vllm_overlay.fetch import fetch_sdist_tree
+    from vllm_overlay.build.fetch import fetch_sdist_tree
     from vllm_overlay.locations import cache_root, patches_root
-    from vllm_overlay.pins import load_pins
+    from vllm_overlay.series.pins import load_pins
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("release", help="a pinned release, e.g. 0.32.0")

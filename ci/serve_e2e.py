@@ -71,7 +71,7 @@ LMCACHE = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"
 LMCACHE_INERT = "LMCacheConnectorV1 loads and saves nothing for this hybrid model"
 PARENT_ONLY = """
 import sys
-from vllm_overlay import source_overlay
+from vllm_overlay.runtime import source_overlay
 from vllm_overlay.runtime.serve import prepare, run_vllm_serve
 source_overlay.install(prepare().sources)
 run_vllm_serve(sys.argv[1:])

@@ -27,9 +27,9 @@ if __package__ in (None, ""):
 
 from packaging.version import Version
 
-from vllm_overlay.applier import apply_series
+from vllm_overlay.build.applier import apply_series
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.series import TESTS_DIR, Series
+from vllm_overlay.series.model import TESTS_DIR, Series
 
 DESELECTED_FILE = Path(__file__).resolve().parent / "deselected.toml"
 PYTEST_PLUGINS = Path(__file__).resolve().parent / "pytest_plugins"
@@ -334,10 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run one release's upstream tests in its already built environment."""
     from ci.harness import test_dist
     from ci.hf_standin import write_hf_standin
-    from vllm_overlay.fetch import fetch_sdist_tree
+    from vllm_overlay.build.fetch import fetch_sdist_tree
     from vllm_overlay.locations import cache_root, patches_root
-    from vllm_overlay.pins import load_pins
     from vllm_overlay.release import release_series
+    from vllm_overlay.series.pins import load_pins
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("release", help="a pinned release, e.g. 0.32.0")

@@ -5,14 +5,14 @@ import sys
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.export import refresh, refresh_check
-from vllm_overlay.extract import extract
-from vllm_overlay.lint import lint
 from vllm_overlay.locations import patches_root
-from vllm_overlay.pin import bump_release, pin_release
-from vllm_overlay.pins import DISTRIBUTIONS
-from vllm_overlay.probing import format_rebased
-from vllm_overlay.rebase import (
+from vllm_overlay.release import build_release
+from vllm_overlay.series.pins import DISTRIBUTIONS
+from vllm_overlay.track.extract import extract
+from vllm_overlay.track.lint import lint
+from vllm_overlay.track.pin import bump_release, pin_release
+from vllm_overlay.track.probing import format_rebased
+from vllm_overlay.track.rebase import (
     RebaseOutcome,
     abort_rebase,
     continue_rebase,
@@ -21,15 +21,15 @@ from vllm_overlay.rebase import (
     skip_patch,
     start_rebase,
 )
-from vllm_overlay.release import build_release
-from vllm_overlay.status import (
+from vllm_overlay.track.refresh import refresh, refresh_check
+from vllm_overlay.track.status import (
     format_json,
     format_table,
     record_status,
     refuse_unrecordable,
     status,
 )
-from vllm_overlay.table import TABLE_FILE, render_table
+from vllm_overlay.track.table import TABLE_FILE, render_table
 
 
 def _build(args: argparse.Namespace) -> int:

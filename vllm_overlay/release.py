@@ -4,11 +4,11 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay.fetch import fetch_wheel
+from vllm_overlay.build.fetch import fetch_wheel
+from vllm_overlay.build.wheel import SourceWheel, build_patched_wheel
 from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
-from vllm_overlay.pins import ReleasePin, load_pins, resolve_release
-from vllm_overlay.series import Series, has_series, load_series
-from vllm_overlay.wheelbuild import SourceWheel, build_patched_wheel
+from vllm_overlay.series.model import Series, has_series, load_series
+from vllm_overlay.series.pins import ReleasePin, load_pins, resolve_release
 
 
 def pinned_releases(root: Path | None = None) -> dict[str, ReleasePin]:

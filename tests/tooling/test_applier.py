@@ -1,7 +1,7 @@
 import pytest
 from conftest import SCHEDULER, SCHEDULER_SOURCE, format_patch, scheduler_edit
 
-from vllm_overlay.applier import apply_series
+from vllm_overlay.build.applier import apply_series
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.release import release_series
 

@@ -22,13 +22,13 @@ from conftest import (
     sha256_file,
 )
 
-from vllm_overlay import probing
-from vllm_overlay.applier import apply_series
-from vllm_overlay.history import HISTORY_FILE, read_history
-from vllm_overlay.lint import lint
-from vllm_overlay.manifest import MANIFEST_FORMAT, MANIFEST_PATH
-from vllm_overlay.rebase import state_dir
+from vllm_overlay.build.applier import apply_series
 from vllm_overlay.release import release_series
+from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
+from vllm_overlay.track import probing
+from vllm_overlay.track.history import HISTORY_FILE, read_history
+from vllm_overlay.track.lint import lint
+from vllm_overlay.track.rebase import state_dir
 
 TO = "9.10.0"
 PATCH = "scheduler-demo.patch"

@@ -12,14 +12,14 @@ from packaging.version import Version
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, series_root
-from vllm_overlay.pins import load_pins
-from vllm_overlay.series import (
+from vllm_overlay.series.model import (
     SERIES_FILE,
     Series,
     parse_patch,
     read_series_file,
     series_dir,
 )
+from vllm_overlay.series.pins import load_pins
 
 
 def series_for(release: str) -> Series:

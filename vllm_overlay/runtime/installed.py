@@ -22,8 +22,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.manifest import MANIFEST_PATH
-from vllm_overlay.pins import DISTRIBUTIONS
+from vllm_overlay.series.manifest import MANIFEST_PATH
+from vllm_overlay.series.pins import DISTRIBUTIONS
 
 _PACKAGE_INIT = "vllm/__init__.py"
 

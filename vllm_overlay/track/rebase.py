@@ -40,8 +40,15 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.export import (
+from vllm_overlay.locations import cache_root, patches_root
+from vllm_overlay.release import pinned_releases
+from vllm_overlay.series.model import Patch, Series, load_series, series_dir
+from vllm_overlay.series.pins import ReleasePin, resolve_release
+from vllm_overlay.track.history import DroppedPatch, append_history
+from vllm_overlay.track.probing import RebasedProbes, probe_rebased
+from vllm_overlay.track.refresh import (
     UPSTREAM_TAG,
     commit_identity,
     export_series,
@@ -51,13 +58,6 @@ from vllm_overlay.export import (
     pristine_files,
     write_exported,
 )
-from vllm_overlay.fetch import fetch_sdist_tree, fetch_wheel
-from vllm_overlay.history import DroppedPatch, append_history
-from vllm_overlay.locations import cache_root, patches_root
-from vllm_overlay.pins import ReleasePin, resolve_release
-from vllm_overlay.probing import RebasedProbes, probe_rebased
-from vllm_overlay.release import pinned_releases
-from vllm_overlay.series import Patch, Series, load_series, series_dir
 
 STATE_DIR = Path(".vllm-overlay") / "rebase"
 TARGET_TAG = "upstream-to"

@@ -28,20 +28,12 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay.applier import apply_series
+from vllm_overlay.build.applier import apply_series
+from vllm_overlay.build.fetch import cached_sdist_tree
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.export import git_run
-from vllm_overlay.fetch import cached_sdist_tree
-from vllm_overlay.history import (
-    HISTORY_FILE,
-    history_changes,
-    parse_history,
-    read_history,
-)
 from vllm_overlay.locations import cache_root
-from vllm_overlay.pins import ReleasePin, load_pins
 from vllm_overlay.release import PINS_FILE
-from vllm_overlay.series import (
+from vllm_overlay.series.model import (
     PACKAGE_DIR,
     PATCH_SUFFIX,
     SERIES_FILE,
@@ -51,7 +43,15 @@ from vllm_overlay.series import (
     series_dir,
     series_problems,
 )
-from vllm_overlay.verdicts import read_verdicts
+from vllm_overlay.series.pins import ReleasePin, load_pins
+from vllm_overlay.track.history import (
+    HISTORY_FILE,
+    history_changes,
+    parse_history,
+    read_history,
+)
+from vllm_overlay.track.refresh import git_run
+from vllm_overlay.track.verdicts import read_verdicts
 
 PROBES_DIR = Path("tests") / "probes"
 KEPT_FILE = PROBES_DIR / "kept.toml"

@@ -22,12 +22,11 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel, wheel_members
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.fetch import fetch_sdist_tree, fetch_wheel, wheel_members
 from vllm_overlay.locations import cache_root, patches_root
-from vllm_overlay.pins import resolve_release
 from vllm_overlay.release import pinned_releases, release_series
-from vllm_overlay.series import (
+from vllm_overlay.series.model import (
     PATCH_SUFFIX,
     SERIES_FILE,
     Series,
@@ -36,6 +35,7 @@ from vllm_overlay.series import (
     series_dir,
     series_problems,
 )
+from vllm_overlay.series.pins import resolve_release
 
 UPSTREAM_TAG = "upstream"
 _IDENTITY = "vllm-overlay"

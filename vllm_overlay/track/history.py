@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.series import Patch
+from vllm_overlay.series.model import Patch
 
 HISTORY_FILE = Path("vllm") / "history.toml"
 _HEADER = (

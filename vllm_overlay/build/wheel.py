@@ -30,11 +30,11 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from vllm_overlay.applier import apply_series
+from vllm_overlay.build.applier import apply_series
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locking import exclusive
-from vllm_overlay.manifest import MANIFEST_FORMAT, MANIFEST_PATH
-from vllm_overlay.series import PACKAGE_DIR, Series
+from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
+from vllm_overlay.series.model import PACKAGE_DIR, Series
 
 DIST_NAME = "vllm"
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.series import PACKAGE_DIR, TESTS_DIR, Patch, Series
+from vllm_overlay.series.model import PACKAGE_DIR, TESTS_DIR, Patch, Series
 
 _CHECKING = re.compile(r"^Checking patch (\S+)\.\.\.$")
 _OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \((offset|fuzz) .*\)\.$")

@@ -29,18 +29,18 @@ import tomli_w
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
+from vllm_overlay.build.fetch import PipRun, last_error_line, pip_download, sha256_of
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.fetch import PipRun, last_error_line, pip_download, sha256_of
 from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.locking import exclusive
-from vllm_overlay.pins import (
+from vllm_overlay.series.model import load_series
+from vllm_overlay.series.pins import (
     DISTRIBUTIONS,
     ReleasePin,
     load_pins,
     normalise_version,
     resolve_release,
 )
-from vllm_overlay.series import load_series
 
 # The machines the patched builds serve on; a wheel for any other platform is
 # not pinned.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.series import Patch
+from vllm_overlay.series.model import Patch
 
 VERDICTS_FILE = Path("vllm") / "verdicts.toml"
 _HEADER = (
