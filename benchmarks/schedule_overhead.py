@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from vllm_overlay.locations import REPO_ROOT, cache_root
-from vllm_overlay.release import release_series
 from vllm_overlay.runtime import source_overlay
 from vllm_overlay.runtime.installed import installed_vllm
+from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.manifest import read_installed_manifest
 from vllm_overlay.testing.pristine import installed_touched_files, pristine_sources
 from vllm_overlay.testing.worktree import worktree_sources

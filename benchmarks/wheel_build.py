@@ -32,7 +32,7 @@ from vllm_overlay.build.wheel import (
     manifest_bytes,
 )
 from vllm_overlay.locations import cache_root
-from vllm_overlay.release import release_series
+from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.model import Series
 
 

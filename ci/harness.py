@@ -45,11 +45,12 @@ from ci.upstream_tests import (
     test_environment,
 )
 from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.build.wheel import build_release
+from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import REPO_ROOT, cache_root, patches_root
-from vllm_overlay.release import build_release, pinned_releases, release_series
+from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.model import Series
-from vllm_overlay.track.refresh import check_round_trip
+from vllm_overlay.track.round_trip import check_round_trip
 
 UNPATCHED_PLUGIN = "vllm_overlay.testing.unpatched"
 PROBES_DIR = "tests/probes"
@@ -198,7 +199,7 @@ def refresh_round_trip(series: Series, sdist: Path, cache: Path) -> bool:
     try:
         differ = check_round_trip(series, source, sdist, patches_root())
     except OverlayError as exc:
-        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
+        report_error(exc)
         return False
     for name in differ:
         print(f"refresh --check: {name} differs from what refresh writes")
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             outcomes.append(test_release(version, cache, reports))
         except OverlayError as exc:
-            print(f"vllm-overlay: error: {exc}", file=sys.stderr)
+            report_error(exc)
             outcomes.append(Outcome(version, failures=[str(exc)]))
     print_summary(outcomes, static_failures, tooling)
     return 1 if static_failures or any(o.failures for o in outcomes) else 0

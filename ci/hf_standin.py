@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locking import exclusive
 
 # Bump when the way files are written changes (the model table is hashed too).
@@ -695,13 +695,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: hf_standin.py HF_HOME", file=sys.stderr)
         return 2
-    try:
-        write_hf_standin(Path(args[0]))
-    except OverlayError as exc:
-        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
-        return 1
+    write_hf_standin(Path(args[0]))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_status(main))

@@ -90,7 +90,7 @@ from ci.unpatched_env import ensure_unpatched_env
 from vllm_overlay.build.fetch import fetch_sdist_tree
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import cache_root
-from vllm_overlay.release import pinned_releases
+from vllm_overlay.series.loader import pinned_releases
 
 RELEASE = "0.32.0"
 MODEL = "tiny-qwen3.5"

@@ -36,7 +36,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from vllm_overlay.build.fetch import sha256_of
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locking import exclusive
 
 # Bump whenever the recipe below changes, so that existing environments are
@@ -482,18 +482,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wheel", type=Path, required=True, help="vLLM wheel")
     args = parser.parse_args(argv)
     cache = cache_root()
-    try:
-        pins = load_pins(patches_root() / "vllm" / "releases.toml")
-        if args.release not in pins:
-            raise OverlayError(f"{args.release} is not a pinned release")
-        sdist_tree = fetch_sdist_tree(pins[args.release], cache)
-        venv = ensure_release_env(args.release, args.wheel, sdist_tree, cache)
-    except OverlayError as exc:
-        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
-        return 1
+    pins = load_pins(patches_root() / "vllm" / "releases.toml")
+    if args.release not in pins:
+        raise OverlayError(f"{args.release} is not a pinned release")
+    sdist_tree = fetch_sdist_tree(pins[args.release], cache)
+    venv = ensure_release_env(args.release, args.wheel, sdist_tree, cache)
     print(venv)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_status(main))

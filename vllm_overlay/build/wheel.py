@@ -31,8 +31,11 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from vllm_overlay.build.applier import apply_series
+from vllm_overlay.build.fetch import fetch_wheel
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.locations import cache_root
 from vllm_overlay.locking import exclusive
+from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 from vllm_overlay.series.model import PACKAGE_DIR, Series
 
@@ -373,3 +376,21 @@ def _assert_unchanged_members_identical(
             continue
         if produced.get(name) != (info.CRC, info.file_size):
             raise OverlayError(f"internal error: {name} changed while copying")
+
+
+def build_release(
+    version: str | None,
+    dist: str,
+    out_dir: Path,
+    root: Path | None = None,
+    cache: Path | None = None,
+) -> Path:
+    """Build the patched wheel of a pinned release from its pinned `dist` wheel.
+
+    The series is validated before anything is downloaded, so a defect in it
+    costs no bandwidth.
+    """
+    series = release_series(version, root)
+    wheel = series.release.wheel_for(dist)
+    path = fetch_wheel(series.release, wheel, cache or cache_root())
+    return build_patched_wheel(SourceWheel(path, wheel.sha256, dist), series, out_dir)

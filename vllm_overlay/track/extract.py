@@ -32,8 +32,9 @@ from pathlib import Path
 
 from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.git import git, git_cause, git_run
 from vllm_overlay.locations import cache_root, patches_root
-from vllm_overlay.release import release_series
+from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.model import (
     PATCH_SUFFIX,
     REQUIRED_TRAILERS,
@@ -50,13 +51,10 @@ from vllm_overlay.track.probing import (
     probe_verdict,
     run_pristine,
 )
-from vllm_overlay.track.refresh import (
+from vllm_overlay.track.refresh import format_patch_bytes
+from vllm_overlay.track.scratch_tree import (
     UPSTREAM_TAG,
     commit_identity,
-    format_patch_bytes,
-    git,
-    git_cause,
-    git_run,
     materialize,
     pristine_files,
 )

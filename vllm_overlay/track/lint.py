@@ -31,17 +31,17 @@ from packaging.version import Version
 from vllm_overlay.build.applier import apply_series
 from vllm_overlay.build.fetch import cached_sdist_tree
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import cache_root
-from vllm_overlay.release import PINS_FILE
+from vllm_overlay.git import git_run
+from vllm_overlay.locations import PINS_FILE, cache_root
+from vllm_overlay.series.checks import series_problems
+from vllm_overlay.series.loader import load_series
 from vllm_overlay.series.model import (
     PACKAGE_DIR,
     PATCH_SUFFIX,
     SERIES_FILE,
     TESTS_DIR,
-    load_series,
     parse_patch,
     series_dir,
-    series_problems,
 )
 from vllm_overlay.series.pins import ReleasePin, load_pins
 from vllm_overlay.track.history import (
@@ -50,7 +50,6 @@ from vllm_overlay.track.history import (
     parse_history,
     read_history,
 )
-from vllm_overlay.track.refresh import git_run
 from vllm_overlay.track.verdicts import read_verdicts
 
 PROBES_DIR = Path("tests") / "probes"

@@ -33,7 +33,7 @@ from vllm_overlay.build.fetch import PipRun, last_error_line, pip_download, sha2
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.locking import exclusive
-from vllm_overlay.series.model import load_series
+from vllm_overlay.series.loader import load_series
 from vllm_overlay.series.pins import (
     DISTRIBUTIONS,
     ReleasePin,

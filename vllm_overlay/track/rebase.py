@@ -42,21 +42,19 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.git import git, git_run
 from vllm_overlay.locations import cache_root, patches_root
-from vllm_overlay.release import pinned_releases
-from vllm_overlay.series.model import Patch, Series, load_series, series_dir
+from vllm_overlay.series.loader import load_series, pinned_releases
+from vllm_overlay.series.model import Patch, Series, series_dir
 from vllm_overlay.series.pins import ReleasePin, resolve_release
 from vllm_overlay.track.history import DroppedPatch, append_history
 from vllm_overlay.track.probing import RebasedProbes, probe_rebased
-from vllm_overlay.track.refresh import (
+from vllm_overlay.track.refresh import export_series, write_exported
+from vllm_overlay.track.scratch_tree import (
     UPSTREAM_TAG,
     commit_identity,
-    export_series,
-    git,
-    git_run,
     materialize,
     pristine_files,
-    write_exported,
 )
 
 STATE_DIR = Path(".vllm-overlay") / "rebase"
@@ -248,13 +246,7 @@ def _check_work_tree(root: Path) -> None:
     maintainer has not committed is overwritten."""
     if not root.is_dir():
         raise OverlayError(f"{root} does not exist: no series work tree to write into")
-    proc = subprocess.run(
-        ["git", "status", "--porcelain", "--", "."],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = git_run(root, "status", "--porcelain", "--", ".", user_config=True)
     if proc.returncode != 0:
         raise OverlayError(
             f"{root} is not in a git work tree; rebase writes the new series "

@@ -58,14 +58,8 @@ from vllm_overlay.build.fetch import (
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.locking import exclusive
-from vllm_overlay.release import nearest_series, pinned_releases
-from vllm_overlay.series.model import (
-    PACKAGE_DIR,
-    Patch,
-    Series,
-    has_series,
-    load_series,
-)
+from vllm_overlay.series.loader import load_series, nearest_series, pinned_releases
+from vllm_overlay.series.model import PACKAGE_DIR, Patch, Series, has_series
 from vllm_overlay.series.pins import ReleasePin, normalise_version
 from vllm_overlay.track.probing import probe_verdicts
 from vllm_overlay.track.rebase import backport_drop
