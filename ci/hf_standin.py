@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locking import exclusive
 
@@ -576,8 +577,7 @@ def write_repo(hub: Path, standin: StandIn) -> None:
             write_random_weights(snapshot)
         (staging / "refs").mkdir()
         (staging / "refs" / "main").write_text(revision)
-        shutil.rmtree(repo, ignore_errors=True)
-        os.replace(staging, repo)
+        atomic.replace_dir(staging, repo)
 
 
 def write_tokenizer(snapshot: Path, vocabulary: Vocabulary) -> None:

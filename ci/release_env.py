@@ -35,6 +35,7 @@ if __package__ in (None, ""):
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from vllm_overlay import atomic
 from vllm_overlay.build.fetch import sha256_of
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locking import exclusive
@@ -360,9 +361,7 @@ def read_stamp(venv: Path) -> dict[str, str | None]:
 
 def write_stamp(venv: Path, stamp: dict[str, str | None]) -> None:
     """Replace the stamp atomically, so that a reader sees the old or the new."""
-    partial = venv / f"{STAMP}.partial"
-    partial.write_text(json.dumps(stamp, indent=2) + "\n")
-    os.replace(partial, venv / STAMP)
+    atomic.write_text(venv / STAMP, json.dumps(stamp, indent=2) + "\n")
 
 
 def _active_requirements(requires: tuple[str, ...]) -> list[Requirement]:

@@ -27,6 +27,7 @@ if __package__ in (None, ""):
 
 from packaging.version import Version
 
+from vllm_overlay import atomic
 from vllm_overlay.build.applier import apply_series
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.series.model import TESTS_DIR, Series
@@ -106,8 +107,7 @@ def prepare_upstream_tests(release: str, sdist_tree: Path, dest: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(sdist_tree / relative, target)
     shutil.copy2(sdist_tree / "pyproject.toml", staging / "pyproject.toml")
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(staging, dest)
+    atomic.replace_dir(staging, dest)
     return dest
 
 

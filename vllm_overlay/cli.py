@@ -4,6 +4,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from vllm_overlay import atomic
 from vllm_overlay.build.wheel import build_release
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import patches_root
@@ -75,7 +76,7 @@ def _table(args: argparse.Namespace) -> int:
     table = render_table(root)
     target = root.parent / TABLE_FILE
     if args.write:
-        target.write_text(table, encoding="utf-8")
+        atomic.write_text(target, table)
         print(f"wrote {target}")
         return 0
     if args.check:

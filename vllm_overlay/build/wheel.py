@@ -30,6 +30,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from vllm_overlay import atomic
 from vllm_overlay.build.applier import apply_series
 from vllm_overlay.build.fetch import fetch_wheel
 from vllm_overlay.errors import OverlayError
@@ -232,17 +233,12 @@ def _rewrite_metadata(metadata: bytes, version: str) -> bytes:
 
 
 def _write_atomically(target: Path, archive: zipfile.ZipFile, plan: _Plan) -> Path:
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
+    with atomic.replacing(target) as tmp:
         # Unbuffered: raw member data goes to the file descriptor directly.
         with open(tmp, "wb", buffering=0) as raw, zipfile.ZipFile(raw, "w") as out:
             rows = _write_members(archive, out, plan)
             _write_record(out, plan, rows)
         _assert_unchanged_members_identical(archive, tmp, plan)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return target
 
 

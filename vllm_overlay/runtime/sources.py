@@ -16,11 +16,11 @@ of a series over a build needs git; later starts only hash a few files.
 
 import hashlib
 import json
-import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locking import exclusive
 from vllm_overlay.runtime.source_overlay import module_name
@@ -96,7 +96,5 @@ def _build(directory: Path, series: Series, originals: Mapping[str, bytes]) -> N
             target.write_bytes(content)
             index[relative] = hashlib.sha256(content).hexdigest()
         (staging / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
-        if directory.exists():
-            # A damaged copy: moved aside, removed with the scratch directory.
-            os.replace(directory, Path(tmp) / "damaged")
-        os.replace(staging, directory)
+        # A damaged copy there is replaced whole.
+        atomic.replace_dir(staging, directory)

@@ -25,6 +25,7 @@ import json
 import os
 from pathlib import Path
 
+from vllm_overlay import atomic
 from vllm_overlay.series.manifest import MANIFEST_PATH
 
 RECORD_FORMAT = 2
@@ -101,13 +102,11 @@ def save_activation(
         "served": {str(p): _sha256(p) for p in activation.sources.values()},
     }
     path = _record_path(cache, activation.package_dir)
-    scratch = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        scratch.write_text(json.dumps(record, indent=2), encoding="utf-8")
-        os.replace(scratch, path)
+        atomic.write_text(path, json.dumps(record, indent=2))
     except OSError:
-        scratch.unlink(missing_ok=True)
+        pass
 
 
 def _package_dir() -> Path | None:

@@ -29,6 +29,7 @@ import tomli_w
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
+from vllm_overlay import atomic
 from vllm_overlay.build.fetch import PipRun, last_error_line, pip_download, sha256_of
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
@@ -252,13 +253,9 @@ def write_release(path: Path, version: str, table: dict[str, Any]) -> ReleasePin
     )
     if tomllib.loads(new_text) != {"releases": {**releases, version: table}}:
         raise OverlayError(f"{path}: rewriting release {version} changed other data")
-    scratch = path.with_name(f".{path.name}.tmp")
-    try:
+    with atomic.replacing(path) as scratch:
         scratch.write_text(new_text, encoding="utf-8")
         pin = load_pins(scratch)[version]
-        os.replace(scratch, path)
-    finally:
-        scratch.unlink(missing_ok=True)
     return pin
 
 

@@ -30,7 +30,6 @@ A TO older than FROM is allowed: it backports the series, and says so.
 """
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from vllm_overlay import atomic
 from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.git import git, git_run
@@ -565,10 +565,9 @@ def _load(root: Path) -> tuple[RebaseState, Path]:
 
 def _save(state: RebaseState, root: Path) -> None:
     """Write the state in one rename, so an interrupted run leaves the old one."""
-    path = state_dir(root) / _STATE_FILE
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text(json.dumps(asdict(state), indent=2) + "\n", encoding="utf-8")
-    os.replace(scratch, path)
+    atomic.write_text(
+        state_dir(root) / _STATE_FILE, json.dumps(asdict(state), indent=2) + "\n"
+    )
 
 
 def _git_run(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -48,6 +48,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from vllm_overlay import atomic
 from vllm_overlay.build.applier import apply_error, git_apply, hunk_problems
 from vllm_overlay.build.fetch import (
     fetch_wheel,
@@ -362,7 +363,7 @@ def record_status(
         ],
         checked or datetime.date.today().isoformat(),
     )
-    (root.parent / TABLE_FILE).write_text(render_table(root), encoding="utf-8")
+    atomic.write_text(root.parent / TABLE_FILE, render_table(root))
     return sorted({row.release for row in own}, key=Version)
 
 
