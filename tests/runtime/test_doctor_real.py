@@ -28,12 +28,13 @@ import pytest
 import torch
 
 from ci.hf_standin import Vocabulary, write_tokenizer
+from vllm_overlay.build.record import record_hash
 from vllm_overlay.doctor import diagnose
 from vllm_overlay.doctor.findings import Finding, Severity
 from vllm_overlay.doctor.report import Report
 from vllm_overlay.doctor.rules import RULES, hma_enabled, installed_build
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.runtime.installed import installed_vllm, record_hash
+from vllm_overlay.runtime.installed import installed_vllm
 from vllm_overlay.series.manifest import (
     MANIFEST_PATH,
     installed_vllm_dir,
