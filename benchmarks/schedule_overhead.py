@@ -44,7 +44,9 @@ from vllm_overlay.series.manifest import read_installed_manifest
 from vllm_overlay.testing.pristine import installed_touched_files, pristine_sources
 from vllm_overlay.testing.worktree import worktree_sources
 
+# As in tests/probes/hybrid_scheduler.py, which builds the scheduler.
 BLOCK_SIZE = 16
+PROBES_DIR = "tests/probes"
 NUM_BLOCKS = 4096
 NUM_REQUESTS = 32
 PROMPT_BLOCKS = 8
@@ -120,7 +122,7 @@ def define_children() -> None:
 
 
 def make_scheduler(model_dir: Path, workload: str) -> Any:
-    import torch
+    from hybrid_scheduler import hybrid_kv_cache_config, start_scheduler
     from vllm.config import (
         CacheConfig,
         KVTransferConfig,
@@ -128,15 +130,6 @@ def make_scheduler(model_dir: Path, workload: str) -> Any:
         SchedulerConfig,
         VllmConfig,
     )
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        MambaSpec,
-    )
-    from vllm.v1.structured_output import StructuredOutputManager
 
     # An unpatched MultiConnector rejects load_weight: only the series' arm
     # of the `pd` workload sets one.
@@ -177,53 +170,13 @@ def make_scheduler(model_dir: Path, workload: str) -> Any:
         kv_transfer_config=transfer,
     )
     vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
-    register_all_kvcache_specs(vllm_config)
-    groups = [
-        KVCacheGroupSpec(
-            ["attention"],
-            FullAttentionSpec(
-                block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
-            ),
-        ),
-        KVCacheGroupSpec(
-            ["mamba"],
-            MambaSpec(
-                block_size=BLOCK_SIZE,
-                shapes=((1, 1),),
-                dtypes=(torch.float32,),
-                mamba_cache_mode="align",
-            ),
-        ),
-    ]
-    return Scheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=KVCacheConfig(
-            num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups
-        ),
-        block_size=BLOCK_SIZE,
-        log_stats=True,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-    )
+    return start_scheduler(vllm_config, hybrid_kv_cache_config(NUM_BLOCKS))
 
 
 def make_request(request_id: str, tokens: list[int], pd_decode: bool) -> Any:
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
-    from vllm.v1.request import Request
+    from hybrid_scheduler import generation_request
 
-    params = SamplingParams(max_tokens=4)
-    params.update_from_generation_config({}, 2)
-    request = Request(
-        request_id=request_id,
-        prompt_token_ids=tokens,
-        sampling_params=params,
-        pooling_params=None,
-        block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
-    )
-    if pd_decode:
-        request.kv_transfer_params = {"do_remote_prefill": True}
-    return request
+    return generation_request(request_id, tokens, do_remote_prefill=pd_decode)
 
 
 def shared_prefix(num_tokens: int) -> list[int]:
@@ -297,7 +250,8 @@ TINY_LLAMA = {
 def run_arm(python: Path, arm: str, steps: int, workload: str) -> list[float]:
     env = {
         **os.environ,
-        "PYTHONPATH": str(REPO_ROOT),
+        # The scheduler set-up is the probes' own (tests/probes/hybrid_scheduler.py).
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / PROBES_DIR)]),
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "BENCH_ARM": arm,
