@@ -21,8 +21,9 @@ merge base (a real 3-way merge, which `status` cannot offer from a wheel):
   or `--abort`).
 
 Nothing under `patches/` is written before every patch has been replayed; then
-the TO series directory appears whole (see `export.write_exported`) and the
-history file is replaced in one rename. A merge moves text, not meaning, so
+the TO series directory appears whole (see `refresh.write_exported`), is
+recorded for TO's revision in the pins (`pin.record_series`), and the history
+file is replaced in one rename. A merge moves text, not meaning, so
 `probe_outcome` then runs the probes of both series on TO patched by the new
 series (see `probing.probe_rebased`).
 
@@ -48,6 +49,7 @@ from vllm_overlay.series.loader import load_series, pinned_releases
 from vllm_overlay.series.model import Patch, Series, series_dir
 from vllm_overlay.series.pins import ReleasePin, resolve_release
 from vllm_overlay.track.history import DroppedPatch, append_history
+from vllm_overlay.track.pin import record_series
 from vllm_overlay.track.probing import RebasedProbes, probe_rebased
 from vllm_overlay.track.refresh import export_series, write_exported
 from vllm_overlay.track.scratch_tree import (
@@ -493,8 +495,9 @@ def _drop(state: RebaseState, name: str, reason: str) -> None:
 
 
 def _finish(state: RebaseState, root: Path) -> RebaseOutcome:
-    """Write the TO series and append the dropped patches to the history;
-    the state goes last, so a failure here can be resumed."""
+    """Write the TO series, record it for TO's revision (`pin.record_series`)
+    and append the dropped patches to the history; the state goes last, so a
+    failure here can be resumed."""
     repo = state_dir(root) / "repo"
     exported = export_series(
         repo,
@@ -505,6 +508,7 @@ def _finish(state: RebaseState, root: Path) -> RebaseOutcome:
         allow_empty=True,
     )
     directory, _ = write_exported(exported, state.to_release, root)
+    record_series(state.to_release, root)
     outcome = _outcome(state, root, directory=directory)
     append_history(root, outcome.dropped)
     shutil.rmtree(state_dir(root))
