@@ -21,7 +21,8 @@ requests, a quarter of them sharing a locally cached prefix. Two workloads:
   and weighted loaders); the ratio is what those decisions cost or save.
 
 Usage: python benchmarks/schedule_overhead.py [RELEASE] [--rounds N] [--steps N]
-(RELEASE defaults to 0.32.0; its environment must exist: tools/test.sh RELEASE)
+(RELEASE defaults to e2e_release in patches/vllm/release-facts.toml; its
+environment must exist: tools/test.sh RELEASE)
 """
 
 import argparse
@@ -39,6 +40,7 @@ from typing import Any
 from vllm_overlay.locations import REPO_ROOT, cache_root
 from vllm_overlay.runtime import source_overlay
 from vllm_overlay.runtime.installed import installed_vllm
+from vllm_overlay.series.facts import e2e_release
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.manifest import read_installed_manifest
 from vllm_overlay.testing.pristine import installed_touched_files, pristine_sources
@@ -271,7 +273,7 @@ def run_arm(python: Path, arm: str, steps: int, workload: str) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("release", nargs="?", default="0.32.0")
+    parser.add_argument("release", nargs="?", default=e2e_release())
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--worker", choices=("series", "upstream"))

@@ -61,8 +61,9 @@ from ci.tiny_model import ensure_tiny_model
 from ci.unpatched_env import ensure_unpatched_env
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT, cache_root
+from vllm_overlay.series.facts import e2e_release
 
-RELEASE = "0.32.0"
+RELEASE = e2e_release()
 METHODS = ("fork", "spawn")
 SERIES_LINE = "vllm-overlay: serving "
 REJECTION = "validation error for "
