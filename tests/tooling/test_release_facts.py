@@ -1,9 +1,12 @@
-"""`patches/vllm/release-facts.toml`: read through one checked loader."""
+"""Release facts kept as data next to the pins, each read through one checked
+loader: `patches/vllm/release-facts.toml` and `patches/vllm/hf-standins.json`."""
 
+import json
 import shutil
 
 import pytest
 
+from ci.hf_standin import STANDINS_FILE, load_standins
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, REPO_ROOT
 from vllm_overlay.series.facts import FACTS_FILE, e2e_release
@@ -48,3 +51,30 @@ def test_a_missing_facts_file_is_named(root):
     (root / FACTS_FILE).unlink()
     with pytest.raises(OverlayError, match=r"release facts file .* does not exist"):
         e2e_release(root)
+
+
+def test_the_hub_stand_ins_load_from_their_data_file():
+    standins = load_standins()
+    assert "distilbert/distilgpt2" in {s.repo_id for s in standins}
+    assert [s.repo_id for s in standins if s.random_weights] == [
+        "distilbert/distilgpt2"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.pop("about"), "needs exactly about, vocabularies, standins"),
+        (lambda d: d["standins"][0].update(vocabulary="nope"), "unknown vocabulary"),
+        (lambda d: d["vocabularies"]["qwen3"].update(eos="<none>"), "is not a special"),
+        (lambda d: d["standins"][0].update(config=[]), "config must be an object"),
+    ],
+)
+def test_a_bad_stand_in_file_is_one_line_naming_it(tmp_path, edit, message):
+    data = json.loads(STANDINS_FILE.read_text(encoding="utf-8"))
+    edit(data)
+    path = tmp_path / "hf-standins.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(OverlayError, match=message) as caught:
+        load_standins(path)
+    assert str(caught.value).startswith(f"{path}: ")
