@@ -212,7 +212,10 @@ def worker(arm: str, steps: int, workload: str) -> None:
         install_overlay(arm, scratch / "sources")
         model_dir = scratch / "model"
         model_dir.mkdir()
-        (model_dir / "config.json").write_text(json.dumps(TINY_LLAMA))
+        from hybrid_scheduler import tiny_llama_config
+
+        config = tiny_llama_config(max_model_len=4096)
+        (model_dir / "config.json").write_text(json.dumps(config))
         define_children()
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -232,21 +235,6 @@ def worker(arm: str, steps: int, workload: str) -> None:
             scheduler.schedule()
             samples.append(time.perf_counter() - start)
     print(json.dumps(samples))
-
-
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 1,
-    "vocab_size": 256,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-6,
-    "torch_dtype": "float32",
-}
 
 
 def run_arm(python: Path, arm: str, steps: int, workload: str) -> list[float]:

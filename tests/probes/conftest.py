@@ -17,7 +17,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import pytest
 import torch
@@ -45,6 +45,7 @@ from hybrid_scheduler import (
     hybrid_kv_cache_config,
     single_group_kv_cache_config,
     start_scheduler,
+    tiny_llama_config,
 )
 from vllm.config import (
     CacheConfig,
@@ -65,24 +66,6 @@ from vllm.v1.request import Request
 LOAD_WEIGHT_KNOWN = "load_weight" in KVTransferConfig.__dataclass_fields__
 
 MAX_MODEL_LEN = 1024
-
-# A one-layer Llama small enough to describe in a dict; no weights are needed
-# because nothing here runs the model.
-_TINY_LLAMA_CONFIG: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 1,
-    "vocab_size": 256,
-    "max_position_embeddings": MAX_MODEL_LEN,
-    "rms_norm_eps": 1e-6,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "torch_dtype": "float32",
-}
 
 
 class MakeVllmConfig(Protocol):
@@ -119,7 +102,7 @@ def block_size() -> int:
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A local model directory, so `ModelConfig` never asks a model hub."""
     model_dir = tmp_path_factory.mktemp("tiny-llama")
-    (model_dir / "config.json").write_text(json.dumps(_TINY_LLAMA_CONFIG))
+    (model_dir / "config.json").write_text(json.dumps(tiny_llama_config(MAX_MODEL_LEN)))
     return model_dir
 
 

@@ -30,6 +30,27 @@ BLOCK_SIZE = 16
 NUM_GPU_BLOCKS = 256
 
 
+def tiny_llama_config(max_model_len: int) -> dict[str, object]:
+    """The `config.json` of a one-layer Llama small enough to describe in a
+    dict, for a local model directory (`ModelConfig` then asks no hub); no
+    weights are needed because nothing here runs the model."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "vocab_size": 256,
+        "max_position_embeddings": max_model_len,
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    }
+
+
 def _attention_spec() -> FullAttentionSpec:
     return FullAttentionSpec(
         block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
