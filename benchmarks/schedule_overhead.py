@@ -3,7 +3,7 @@ behind a MultiConnector.
 
 Two worker processes run in the release's environment (built by the harness):
 one serves vLLM's modules with this checkout's series applied, the other the
-pristine upstream files (both through `vllm_overlay.source_overlay`, so both
+pristine upstream files (both through `vllm_overlay.runtime.source_overlay`, so both
 import the same installed release and differ in the patched files only).
 The parent alternates them round by round and prints the median time of a
 scheduling step in each, and their ratio, from this one run.
@@ -21,7 +21,8 @@ requests, a quarter of them sharing a locally cached prefix. Two workloads:
   and weighted loaders); the ratio is what those decisions cost or save.
 
 Usage: python benchmarks/schedule_overhead.py [RELEASE] [--rounds N] [--steps N]
-(RELEASE defaults to 0.32.0; its environment must exist: tools/test.sh RELEASE)
+(RELEASE defaults to e2e_release in patches/vllm/release-facts.toml; its
+environment must exist: tools/test.sh RELEASE)
 """
 
 import argparse
@@ -36,15 +37,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_overlay import source_overlay
 from vllm_overlay.locations import REPO_ROOT, cache_root
-from vllm_overlay.manifest import read_installed_manifest
-from vllm_overlay.release import release_series
+from vllm_overlay.runtime import source_overlay
 from vllm_overlay.runtime.installed import installed_vllm
+from vllm_overlay.series.facts import e2e_release
+from vllm_overlay.series.loader import release_series
+from vllm_overlay.series.manifest import read_installed_manifest
 from vllm_overlay.testing.pristine import installed_touched_files, pristine_sources
 from vllm_overlay.testing.worktree import worktree_sources
 
+# As in tests/probes/hybrid_scheduler.py, which builds the scheduler.
 BLOCK_SIZE = 16
+PROBES_DIR = "tests/probes"
 NUM_BLOCKS = 4096
 NUM_REQUESTS = 32
 PROMPT_BLOCKS = 8
@@ -120,7 +124,7 @@ def define_children() -> None:
 
 
 def make_scheduler(model_dir: Path, workload: str) -> Any:
-    import torch
+    from hybrid_scheduler import hybrid_kv_cache_config, start_scheduler
     from vllm.config import (
         CacheConfig,
         KVTransferConfig,
@@ -128,15 +132,6 @@ def make_scheduler(model_dir: Path, workload: str) -> Any:
         SchedulerConfig,
         VllmConfig,
     )
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        MambaSpec,
-    )
-    from vllm.v1.structured_output import StructuredOutputManager
 
     # An unpatched MultiConnector rejects load_weight: only the series' arm
     # of the `pd` workload sets one.
@@ -177,53 +172,13 @@ def make_scheduler(model_dir: Path, workload: str) -> Any:
         kv_transfer_config=transfer,
     )
     vllm_config.cache_config.num_gpu_blocks = NUM_BLOCKS
-    register_all_kvcache_specs(vllm_config)
-    groups = [
-        KVCacheGroupSpec(
-            ["attention"],
-            FullAttentionSpec(
-                block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
-            ),
-        ),
-        KVCacheGroupSpec(
-            ["mamba"],
-            MambaSpec(
-                block_size=BLOCK_SIZE,
-                shapes=((1, 1),),
-                dtypes=(torch.float32,),
-                mamba_cache_mode="align",
-            ),
-        ),
-    ]
-    return Scheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=KVCacheConfig(
-            num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups
-        ),
-        block_size=BLOCK_SIZE,
-        log_stats=True,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-    )
+    return start_scheduler(vllm_config, hybrid_kv_cache_config(NUM_BLOCKS))
 
 
 def make_request(request_id: str, tokens: list[int], pd_decode: bool) -> Any:
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
-    from vllm.v1.request import Request
+    from hybrid_scheduler import generation_request
 
-    params = SamplingParams(max_tokens=4)
-    params.update_from_generation_config({}, 2)
-    request = Request(
-        request_id=request_id,
-        prompt_token_ids=tokens,
-        sampling_params=params,
-        pooling_params=None,
-        block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
-    )
-    if pd_decode:
-        request.kv_transfer_params = {"do_remote_prefill": True}
-    return request
+    return generation_request(request_id, tokens, do_remote_prefill=pd_decode)
 
 
 def shared_prefix(num_tokens: int) -> list[int]:
@@ -257,7 +212,10 @@ def worker(arm: str, steps: int, workload: str) -> None:
         install_overlay(arm, scratch / "sources")
         model_dir = scratch / "model"
         model_dir.mkdir()
-        (model_dir / "config.json").write_text(json.dumps(TINY_LLAMA))
+        from hybrid_scheduler import tiny_llama_config
+
+        config = tiny_llama_config(max_model_len=4096)
+        (model_dir / "config.json").write_text(json.dumps(config))
         define_children()
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -279,25 +237,11 @@ def worker(arm: str, steps: int, workload: str) -> None:
     print(json.dumps(samples))
 
 
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 1,
-    "vocab_size": 256,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-6,
-    "torch_dtype": "float32",
-}
-
-
 def run_arm(python: Path, arm: str, steps: int, workload: str) -> list[float]:
     env = {
         **os.environ,
-        "PYTHONPATH": str(REPO_ROOT),
+        # The scheduler set-up is the probes' own (tests/probes/hybrid_scheduler.py).
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / PROBES_DIR)]),
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "BENCH_ARM": arm,
@@ -317,7 +261,7 @@ def run_arm(python: Path, arm: str, steps: int, workload: str) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("release", nargs="?", default="0.32.0")
+    parser.add_argument("release", nargs="?", default=e2e_release())
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--worker", choices=("series", "upstream"))

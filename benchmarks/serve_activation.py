@@ -29,6 +29,7 @@ from pathlib import Path
 
 from vllm_overlay.locations import REPO_ROOT, cache_root
 from vllm_overlay.runtime.propagate import ENVIRONMENT_VARIABLE
+from vllm_overlay.series.facts import e2e_release
 
 BUDGET_MS = 50.0
 # What the console script runs before it hands over to vLLM.
@@ -63,7 +64,7 @@ def timed(python: Path, code: str, env: dict[str, str]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("release", nargs="?", default="0.32.0")
+    parser.add_argument("release", nargs="?", default=e2e_release())
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--cold-runs", type=int, default=5)
     args = parser.parse_args()

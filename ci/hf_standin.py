@@ -6,7 +6,8 @@ tokenizer) while building a `VllmConfig`, so with the hub out of reach
 a hub cache (`$HF_HOME/hub/models--ORG--NAME/...`, the layout `huggingface_hub`
 reads offline) in which every id answers with:
 
-- the public `config.json` values of that model, written out here;
+- the public `config.json` values of that model, kept as data in
+  `patches/vllm/hf-standins.json` (`load_standins` checks it);
 - a byte-level BPE tokenizer built locally with the `tokenizers` library, with
   the model's vocabulary size and its special tokens at their real ids (the
   tests check lengths and ids, never the text a real tokenizer would give);
@@ -34,7 +35,9 @@ if TYPE_CHECKING:
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay import atomic
+from vllm_overlay.errors import OverlayError, exit_status
+from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.locking import exclusive
 
 # Bump when the way files are written changes (the model table is hashed too).
@@ -67,423 +70,92 @@ class StandIn:
     random_weights: bool = False
 
 
-def _qwen_specials(names: tuple[str, ...]) -> dict[int, str]:
-    """Qwen tokenizers put their special tokens right after 151,643 BPE tokens."""
-    return {151643 + offset: name for offset, name in enumerate(names)}
-
-
-_QWEN1_5_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-_QWEN3_SPECIALS = (
-    *_QWEN1_5_SPECIALS,
-    "<|object_ref_start|>",
-    "<|object_ref_end|>",
-    "<|box_start|>",
-    "<|box_end|>",
-    "<|quad_start|>",
-    "<|quad_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-    "<tool_call>",
-    "</tool_call>",
-    "<|fim_prefix|>",
-    "<|fim_middle|>",
-    "<|fim_suffix|>",
-    "<|fim_pad|>",
-    "<|repo_name|>",
-    "<|file_sep|>",
-    "<tool_response>",
-    "</tool_response>",
-    "<think>",
-    "</think>",
-)
-QWEN3_VOCABULARY = Vocabulary(
-    size=151643 + len(_QWEN3_SPECIALS),
-    specials=_qwen_specials(_QWEN3_SPECIALS),
-    eos="<|im_end|>",
-    pad="<|endoftext|>",
-)
-
-
-def _llama3_specials() -> dict[int, str]:
-    """Llama 3's 256 special tokens: eleven named ones, the rest reserved."""
-    named = {
-        128000: "<|begin_of_text|>",
-        128001: "<|end_of_text|>",
-        128004: "<|finetune_right_pad_id|>",
-        128006: "<|start_header_id|>",
-        128007: "<|end_header_id|>",
-        128008: "<|eom_id|>",
-        128009: "<|eot_id|>",
-        128010: "<|python_tag|>",
-    }
-    reserved = (i for i in range(128000, 128256) if i not in named)
-    return {
-        **named,
-        **{i: f"<|reserved_special_token_{n}|>" for n, i in enumerate(reserved)},
-    }
-
-
 # Every model id that the upstream tests we run name (see
-# `ci/upstream_tests.py`). Only distilgpt2 carries weights: it is the one model
-# with which a test that runs here starts an engine (test_engine_logger_apis).
-# Qwen/Qwen3.5-0.8B is named only by test_hybrid_prefix_cache_hit_rate.py,
-# which needs the real checkpoint and is deselected (ci/deselected.toml).
-STANDINS: tuple[StandIn, ...] = (
-    StandIn(
-        "facebook/opt-125m",
-        {
-            "architectures": ["OPTForCausalLM"],
-            "model_type": "opt",
-            "activation_function": "relu",
-            "attention_dropout": 0.0,
-            "bos_token_id": 2,
-            "do_layer_norm_before": True,
-            "dropout": 0.1,
-            "enable_bias": True,
-            "eos_token_id": 2,
-            "ffn_dim": 3072,
-            "hidden_size": 768,
-            "init_std": 0.02,
-            "layer_norm_elementwise_affine": True,
-            "layerdrop": 0.0,
-            "max_position_embeddings": 2048,
-            "num_attention_heads": 12,
-            "num_hidden_layers": 12,
-            "pad_token_id": 1,
-            "prefix": "</s>",
-            "torch_dtype": "float16",
-            "use_cache": True,
-            "transformers_version": "4.21.0.dev0",
-            "vocab_size": 50272,
-            "word_embed_proj_dim": 768,
-        },
-        Vocabulary(
-            size=50265,
-            specials={0: "<s>", 1: "<pad>", 2: "</s>", 3: "<unk>"},
-            bos="</s>",
-            eos="</s>",
-            unk="</s>",
-            pad="<pad>",
-            add_bos=True,
-        ),
-    ),
-    StandIn(
-        "distilbert/distilgpt2",
-        {
-            "architectures": ["GPT2LMHeadModel"],
-            "model_type": "gpt2",
-            "activation_function": "gelu_new",
-            "attn_pdrop": 0.1,
-            "bos_token_id": 50256,
-            "embd_pdrop": 0.1,
-            "eos_token_id": 50256,
-            "initializer_range": 0.02,
-            "layer_norm_epsilon": 1e-05,
-            "n_ctx": 1024,
-            "n_embd": 768,
-            "n_head": 12,
-            "n_layer": 6,
-            "n_positions": 1024,
-            "resid_pdrop": 0.1,
-            "vocab_size": 50257,
-        },
-        Vocabulary(
-            size=50257,
-            specials={50256: "<|endoftext|>"},
-            bos="<|endoftext|>",
-            eos="<|endoftext|>",
-            unk="<|endoftext|>",
-        ),
-        random_weights=True,
-    ),
-    StandIn(
-        "Qwen/Qwen1.5-7B",
-        {
-            "architectures": ["Qwen2ForCausalLM"],
-            "model_type": "qwen2",
-            "attention_dropout": 0.0,
-            "bos_token_id": 151643,
-            "eos_token_id": 151643,
-            "hidden_act": "silu",
-            "hidden_size": 4096,
-            "initializer_range": 0.02,
-            "intermediate_size": 11008,
-            "max_position_embeddings": 32768,
-            "max_window_layers": 28,
-            "num_attention_heads": 32,
-            "num_hidden_layers": 32,
-            "num_key_value_heads": 32,
-            "rms_norm_eps": 1e-06,
-            "rope_theta": 1000000.0,
-            "sliding_window": 32768,
-            "tie_word_embeddings": False,
-            "torch_dtype": "bfloat16",
-            "use_cache": True,
-            "use_sliding_window": False,
-            "transformers_version": "4.37.0",
-            "vocab_size": 151936,
-        },
-        Vocabulary(
-            size=151643 + len(_QWEN1_5_SPECIALS),
-            specials=_qwen_specials(_QWEN1_5_SPECIALS),
-            eos="<|endoftext|>",
-            pad="<|endoftext|>",
-        ),
-    ),
-    StandIn(
-        "Qwen/Qwen3-0.6B",
-        {
-            "architectures": ["Qwen3ForCausalLM"],
-            "model_type": "qwen3",
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "bos_token_id": 151643,
-            "eos_token_id": 151645,
-            "head_dim": 128,
-            "hidden_act": "silu",
-            "hidden_size": 1024,
-            "initializer_range": 0.02,
-            "intermediate_size": 3072,
-            "max_position_embeddings": 40960,
-            "max_window_layers": 28,
-            "num_attention_heads": 16,
-            "num_hidden_layers": 28,
-            "num_key_value_heads": 8,
-            "rms_norm_eps": 1e-06,
-            "rope_scaling": None,
-            "rope_theta": 1000000,
-            "sliding_window": None,
-            "tie_word_embeddings": True,
-            "torch_dtype": "bfloat16",
-            "use_cache": True,
-            "use_sliding_window": False,
-            "transformers_version": "4.51.0",
-            "vocab_size": 151936,
-        },
-        QWEN3_VOCABULARY,
-    ),
-    StandIn(
-        "Qwen/Qwen3-Next-80B-A3B-Instruct",
-        {
-            "architectures": ["Qwen3NextForCausalLM"],
-            "model_type": "qwen3_next",
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "bos_token_id": 151643,
-            "decoder_sparse_step": 1,
-            "eos_token_id": 151645,
-            "full_attention_interval": 4,
-            "head_dim": 256,
-            "hidden_act": "silu",
-            "hidden_size": 2048,
-            "initializer_range": 0.02,
-            "intermediate_size": 5120,
-            "linear_conv_kernel_dim": 4,
-            "linear_key_head_dim": 128,
-            "linear_num_key_heads": 16,
-            "linear_num_value_heads": 32,
-            "linear_value_head_dim": 128,
-            "max_position_embeddings": 262144,
-            "mlp_only_layers": [],
-            "moe_intermediate_size": 512,
-            "mtp_num_hidden_layers": 1,
-            "mtp_use_dedicated_embeddings": False,
-            "norm_topk_prob": True,
-            "num_attention_heads": 16,
-            "num_experts": 512,
-            "num_experts_per_tok": 10,
-            "num_hidden_layers": 48,
-            "num_key_value_heads": 2,
-            "output_router_logits": False,
-            "partial_rotary_factor": 0.25,
-            "rms_norm_eps": 1e-06,
-            "rope_scaling": None,
-            "rope_theta": 10000000,
-            "router_aux_loss_coef": 0.001,
-            "shared_expert_intermediate_size": 512,
-            "tie_word_embeddings": False,
-            "torch_dtype": "bfloat16",
-            "use_cache": True,
-            "use_sliding_window": False,
-            "transformers_version": "4.57.0.dev0",
-            "vocab_size": 151936,
-        },
-        QWEN3_VOCABULARY,
-    ),
-    StandIn(
-        "meta-llama/Llama-3.2-1B-Instruct",
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "bos_token_id": 128000,
-            "eos_token_id": [128001, 128008, 128009],
-            "head_dim": 64,
-            "hidden_act": "silu",
-            "hidden_size": 2048,
-            "initializer_range": 0.02,
-            "intermediate_size": 8192,
-            "max_position_embeddings": 131072,
-            "mlp_bias": False,
-            "num_attention_heads": 32,
-            "num_hidden_layers": 16,
-            "num_key_value_heads": 8,
-            "pretraining_tp": 1,
-            "rms_norm_eps": 1e-05,
-            "rope_scaling": {
-                "factor": 32.0,
-                "high_freq_factor": 4.0,
-                "low_freq_factor": 1.0,
-                "original_max_position_embeddings": 8192,
-                "rope_type": "llama3",
-            },
-            "rope_theta": 500000.0,
-            "tie_word_embeddings": True,
-            "torch_dtype": "bfloat16",
-            "use_cache": True,
-            "transformers_version": "4.45.0.dev0",
-            "vocab_size": 128256,
-        },
-        Vocabulary(
-            size=128256,
-            specials=_llama3_specials(),
-            bos="<|begin_of_text|>",
-            eos="<|eot_id|>",
-            add_bos=True,
-        ),
-    ),
-    StandIn(
-        "google/gemma-3-1b-it",
-        {
-            "architectures": ["Gemma3ForCausalLM"],
-            "model_type": "gemma3_text",
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "attn_logit_softcapping": None,
-            "bos_token_id": 2,
-            "cache_implementation": "hybrid",
-            "eos_token_id": [1, 106],
-            "final_logit_softcapping": None,
-            "head_dim": 256,
-            "hidden_activation": "gelu_pytorch_tanh",
-            "hidden_size": 1152,
-            "initializer_range": 0.02,
-            "intermediate_size": 6912,
-            "max_position_embeddings": 32768,
-            "num_attention_heads": 4,
-            "num_hidden_layers": 26,
-            "num_key_value_heads": 1,
-            "pad_token_id": 0,
-            "query_pre_attn_scalar": 256,
-            "rms_norm_eps": 1e-06,
-            "rope_local_base_freq": 10000,
-            "rope_scaling": None,
-            "rope_theta": 1000000,
-            "sliding_window": 512,
-            "sliding_window_pattern": 6,
-            "torch_dtype": "bfloat16",
-            "use_cache": True,
-            "transformers_version": "4.50.0.dev0",
-            "vocab_size": 262144,
-        },
-        Vocabulary(
-            size=262144,
-            specials={
-                0: "<pad>",
-                1: "<eos>",
-                2: "<bos>",
-                3: "<unk>",
-                4: "<mask>",
-                105: "<start_of_turn>",
-                106: "<end_of_turn>",
-            },
-            bos="<bos>",
-            eos="<eos>",
-            unk="<unk>",
-            pad="<pad>",
-            add_bos=True,
-        ),
-    ),
-    StandIn(
-        "llava-hf/llava-1.5-7b-hf",
-        {
-            "architectures": ["LlavaForConditionalGeneration"],
-            "model_type": "llava",
-            "ignore_index": -100,
-            "image_token_index": 32000,
-            "pad_token_id": 32001,
-            "projector_hidden_act": "gelu",
-            "text_config": {
-                "architectures": ["LlamaForCausalLM"],
-                "max_position_embeddings": 4096,
-                "model_type": "llama",
-                "rms_norm_eps": 1e-05,
-                "torch_dtype": "float16",
-                "vocab_size": 32064,
-            },
-            "tie_word_embeddings": False,
-            "torch_dtype": "float16",
-            "vision_config": {
-                "hidden_size": 1024,
-                "image_size": 336,
-                "intermediate_size": 4096,
-                "model_type": "clip_vision_model",
-                "num_attention_heads": 16,
-                "num_hidden_layers": 24,
-                "patch_size": 14,
-                "projection_dim": 768,
-                "vocab_size": 32000,
-            },
-            "vision_feature_layer": -2,
-            "transformers_version": "4.36.0.dev0",
-            "vision_feature_select_strategy": "default",
-            "vocab_size": 32064,
-        },
-        Vocabulary(
-            size=32002,
-            specials={
-                0: "<unk>",
-                1: "<s>",
-                2: "</s>",
-                32000: "<image>",
-                32001: "<pad>",
-            },
-            bos="<s>",
-            eos="</s>",
-            unk="<unk>",
-            pad="<pad>",
-            add_bos=True,
-        ),
-        extra_files={
-            "preprocessor_config.json": {
-                "crop_size": {"height": 336, "width": 336},
-                "do_center_crop": True,
-                "do_convert_rgb": True,
-                "do_normalize": True,
-                "do_rescale": True,
-                "do_resize": True,
-                "image_mean": [0.48145466, 0.4578275, 0.40821073],
-                "image_processor_type": "CLIPImageProcessor",
-                "image_std": [0.26862954, 0.26130258, 0.27577711],
-                "processor_class": "LlavaProcessor",
-                "resample": 3,
-                "rescale_factor": 0.00392156862745098,
-                "size": {"shortest_edge": 336},
-            },
-            "processor_config.json": {
-                "image_token": "<image>",
-                "num_additional_image_tokens": 1,
-                "patch_size": 14,
-                "processor_class": "LlavaProcessor",
-                "vision_feature_select_strategy": "default",
-            },
-        },
-    ),
-)
+# `ci/upstream_tests.py`), as data. Only distilgpt2 carries weights: it is the
+# one model with which a test that runs here starts an engine
+# (test_engine_logger_apis). Qwen/Qwen3.5-0.8B is named only by
+# test_hybrid_prefix_cache_hit_rate.py, which needs the real checkpoint and is
+# deselected (ci/deselected.toml).
+STANDINS_FILE = REPO_ROOT / "patches" / "vllm" / "hf-standins.json"
+_VOCABULARY_KEYS = {"size", "specials", "bos", "eos", "unk", "pad", "add_bos"}
+_STANDIN_KEYS = {"repo_id", "vocabulary", "config", "extra_files", "random_weights"}
+
+
+def load_standins(path: Path = STANDINS_FILE) -> tuple[StandIn, ...]:
+    """The stand-ins of `path`, checked; a defect is one `OverlayError` line
+    naming the file and the entry."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise OverlayError(f"cannot load {path}: {exc}") from None
+    if not isinstance(data, dict) or set(data) != {"about", "vocabularies", "standins"}:
+        raise OverlayError(f"{path}: needs exactly about, vocabularies, standins")
+    vocabularies = {
+        name: _vocabulary(path, name, entry)
+        for name, entry in _mapping(path, "vocabularies", data["vocabularies"]).items()
+    }
+    if not isinstance(data["standins"], list) or not data["standins"]:
+        raise OverlayError(f"{path}: standins must be a non-empty list")
+    return tuple(_standin(path, entry, vocabularies) for entry in data["standins"])
+
+
+def _mapping(path: Path, where: str, value: object) -> dict:
+    if not isinstance(value, dict):
+        raise OverlayError(f"{path}: {where} must be an object")
+    return value
+
+
+def _vocabulary(path: Path, name: str, entry: object) -> Vocabulary:
+    entry = _mapping(path, f"vocabulary {name}", entry)
+    unknown = set(entry) - _VOCABULARY_KEYS
+    size, specials = entry.get("size"), entry.get("specials")
+    if unknown or not isinstance(size, int) or not isinstance(specials, dict):
+        raise OverlayError(
+            f"{path}: vocabulary {name} needs an integer size and a specials "
+            f"object (and no keys but {', '.join(sorted(_VOCABULARY_KEYS))})"
+        )
+    try:
+        by_id = {int(token_id): token for token_id, token in specials.items()}
+    except ValueError:
+        raise OverlayError(
+            f"{path}: vocabulary {name}: a special's id is not an integer"
+        ) from None
+    named = {key: entry.get(key) for key in ("bos", "eos", "unk", "pad")}
+    missing = [
+        f"{key} {token}"
+        for key, token in named.items()
+        if token is not None and token not in by_id.values()
+    ]
+    if missing:
+        raise OverlayError(
+            f"{path}: vocabulary {name}: {', '.join(missing)} is not a special"
+        )
+    return Vocabulary(size, by_id, **named, add_bos=entry.get("add_bos", False) is True)
+
+
+def _standin(path: Path, entry: object, vocabularies: dict[str, Vocabulary]) -> StandIn:
+    entry = _mapping(path, "a stand-in", entry)
+    repo_id = entry.get("repo_id")
+    where = f"stand-in {repo_id}"
+    if not isinstance(repo_id, str) or set(entry) - _STANDIN_KEYS:
+        raise OverlayError(
+            f"{path}: {where}: needs a repo_id (and no keys but "
+            f"{', '.join(sorted(_STANDIN_KEYS))})"
+        )
+    if entry.get("vocabulary") not in vocabularies:
+        raise OverlayError(
+            f"{path}: {where}: unknown vocabulary {entry.get('vocabulary')!r}"
+        )
+    return StandIn(
+        repo_id,
+        _mapping(path, f"{where}: config", entry.get("config")),
+        vocabularies[entry["vocabulary"]],
+        _mapping(path, f"{where}: extra_files", entry.get("extra_files", {})),
+        entry.get("random_weights", False) is True,
+    )
+
+
+STANDINS = load_standins()
 
 
 def write_hf_standin(hf_home: Path, python: Path | None = None) -> None:
@@ -576,8 +248,7 @@ def write_repo(hub: Path, standin: StandIn) -> None:
             write_random_weights(snapshot)
         (staging / "refs").mkdir()
         (staging / "refs" / "main").write_text(revision)
-        shutil.rmtree(repo, ignore_errors=True)
-        os.replace(staging, repo)
+        atomic.replace_dir(staging, repo)
 
 
 def write_tokenizer(snapshot: Path, vocabulary: Vocabulary) -> None:
@@ -695,13 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: hf_standin.py HF_HOME", file=sys.stderr)
         return 2
-    try:
-        write_hf_standin(Path(args[0]))
-    except OverlayError as exc:
-        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
-        return 1
+    write_hf_standin(Path(args[0]))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_status(main))

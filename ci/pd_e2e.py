@@ -87,12 +87,13 @@ if __package__ in (None, ""):
 from ci.servers import Server, free_port, server_environment
 from ci.tiny_model import ensure_tiny_model
 from ci.unpatched_env import ensure_unpatched_env
+from vllm_overlay.build.fetch import fetch_sdist_tree
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.fetch import fetch_sdist_tree
 from vllm_overlay.locations import cache_root
-from vllm_overlay.release import pinned_releases
+from vllm_overlay.series.facts import e2e_release
+from vllm_overlay.series.loader import pinned_releases
 
-RELEASE = "0.32.0"
+RELEASE = e2e_release()
 MODEL = "tiny-qwen3.5"
 TOY_PROXY = Path("tests/v1/kv_connector/nixl_integration/toy_proxy_server.py")
 # Four prompts sharing a prefix that spans several hybrid blocks (the CPU

@@ -35,8 +35,9 @@ if __package__ in (None, ""):
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.fetch import sha256_of
+from vllm_overlay import atomic
+from vllm_overlay.build.fetch import sha256_of
+from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locking import exclusive
 
 # Bump whenever the recipe below changes, so that existing environments are
@@ -360,9 +361,7 @@ def read_stamp(venv: Path) -> dict[str, str | None]:
 
 def write_stamp(venv: Path, stamp: dict[str, str | None]) -> None:
     """Replace the stamp atomically, so that a reader sees the old or the new."""
-    partial = venv / f"{STAMP}.partial"
-    partial.write_text(json.dumps(stamp, indent=2) + "\n")
-    os.replace(partial, venv / STAMP)
+    atomic.write_text(venv / STAMP, json.dumps(stamp, indent=2) + "\n")
 
 
 def _active_requirements(requires: tuple[str, ...]) -> list[Requirement]:
@@ -473,27 +472,23 @@ def _progress(release: str, message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Build or update one release's environment and print its directory."""
-    from vllm_overlay.fetch import fetch_sdist_tree
+    from vllm_overlay.build.fetch import fetch_sdist_tree
     from vllm_overlay.locations import cache_root, patches_root
-    from vllm_overlay.pins import load_pins
+    from vllm_overlay.series.pins import load_pins
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("release", help="a pinned release, e.g. 0.32.0")
     parser.add_argument("--wheel", type=Path, required=True, help="vLLM wheel")
     args = parser.parse_args(argv)
     cache = cache_root()
-    try:
-        pins = load_pins(patches_root() / "vllm" / "releases.toml")
-        if args.release not in pins:
-            raise OverlayError(f"{args.release} is not a pinned release")
-        sdist_tree = fetch_sdist_tree(pins[args.release], cache)
-        venv = ensure_release_env(args.release, args.wheel, sdist_tree, cache)
-    except OverlayError as exc:
-        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
-        return 1
+    pins = load_pins(patches_root() / "vllm" / "releases.toml")
+    if args.release not in pins:
+        raise OverlayError(f"{args.release} is not a pinned release")
+    sdist_tree = fetch_sdist_tree(pins[args.release], cache)
+    venv = ensure_release_env(args.release, args.wheel, sdist_tree, cache)
     print(venv)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_status(main))

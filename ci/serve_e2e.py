@@ -61,8 +61,9 @@ from ci.tiny_model import ensure_tiny_model
 from ci.unpatched_env import ensure_unpatched_env
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT, cache_root
+from vllm_overlay.series.facts import e2e_release
 
-RELEASE = "0.32.0"
+RELEASE = e2e_release()
 METHODS = ("fork", "spawn")
 SERIES_LINE = "vllm-overlay: serving "
 REJECTION = "validation error for "
@@ -71,7 +72,7 @@ LMCACHE = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"
 LMCACHE_INERT = "LMCacheConnectorV1 loads and saves nothing for this hybrid model"
 PARENT_ONLY = """
 import sys
-from vllm_overlay import source_overlay
+from vllm_overlay.runtime import source_overlay
 from vllm_overlay.runtime.serve import prepare, run_vllm_serve
 source_overlay.install(prepare().sources)
 run_vllm_serve(sys.argv[1:])

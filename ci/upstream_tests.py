@@ -12,7 +12,6 @@ Usage by hand (after `ci/release_env.py` built the environment)::
 
 import argparse
 import ast
-import os
 import shutil
 import subprocess
 import sys
@@ -27,9 +26,11 @@ if __package__ in (None, ""):
 
 from packaging.version import Version
 
-from vllm_overlay.applier import apply_series
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.series import TESTS_DIR, Series
+from ci.pytest_runs import PLATFORM_VAR, pytest_command, pytest_environment, test_dist
+from vllm_overlay import atomic
+from vllm_overlay.build.applier import apply_series
+from vllm_overlay.errors import OverlayError, exit_status
+from vllm_overlay.series.model import TESTS_DIR, Series
 
 DESELECTED_FILE = Path(__file__).resolve().parent / "deselected.toml"
 PYTEST_PLUGINS = Path(__file__).resolve().parent / "pytest_plugins"
@@ -39,9 +40,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Long enough for the slowest engine start on two CPU cores, short enough that
 # a hung test costs minutes rather than the whole CI budget.
 PER_TEST_TIMEOUT_S = 600
-# Makes vLLM take the CPU platform whatever its build says; set only where
-# the build under test has no CPU platform of its own (`test_environment`).
-PLATFORM_VAR = "VLLM_TARGET_DEVICE"
 
 # (path, first release that has it). These cover the scheduler, the KV cache
 # manager and planner, the KV connectors the series touches, and metrics.
@@ -106,8 +104,7 @@ def prepare_upstream_tests(release: str, sdist_tree: Path, dest: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(sdist_tree / relative, target)
     shutil.copy2(sdist_tree / "pyproject.toml", staging / "pyproject.toml")
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(staging, dest)
+    atomic.replace_dir(staging, dest)
     return dest
 
 
@@ -300,14 +297,9 @@ def run_upstream_tests(
             f"{DESELECTED_FILE.name} names tests that {release} lacks: "
             f"{', '.join(stale)}"
         )
-    command = [
-        str(venv / "bin" / "python"),
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-p",
-        CLEANUP_PLUGIN,
+    command = pytest_command(
+        venv,
+        *("-p", CLEANUP_PLUGIN),
         f"--timeout={PER_TEST_TIMEOUT_S}",
         "-rfEs",
         *(["--junit-xml", str(junit_xml)] if junit_xml else []),
@@ -315,29 +307,25 @@ def run_upstream_tests(
         *deselection_args(release),
         *pytest_args,
         *upstream_test_files(release),
-    ]
-    # `env` alone decides the platform variable (see `test_environment`).
-    inherited = {
-        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", PLATFORM_VAR)
-    }
+    )
     # Only our pytest plugins join the path (and, for `worktree`, the checkout's
     # package, which shadows nothing of vLLM): the tests must import the
-    # installed vLLM.
+    # installed vLLM. `env` alone decides the platform variable (see
+    # `test_environment`).
     paths = [PYTEST_PLUGINS, *([REPO_ROOT] if worktree else [])]
-    inherited["PYTHONPATH"] = os.pathsep.join(map(str, paths))
+    environment = pytest_environment(env, paths)
     return subprocess.run(
-        command, cwd=tests_dir, env={**inherited, **env}, check=False
+        command, cwd=tests_dir, env=environment, check=False
     ).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one release's upstream tests in its already built environment."""
-    from ci.harness import test_dist
     from ci.hf_standin import write_hf_standin
-    from vllm_overlay.fetch import fetch_sdist_tree
+    from vllm_overlay.build.fetch import fetch_sdist_tree
     from vllm_overlay.locations import cache_root, patches_root
-    from vllm_overlay.pins import load_pins
-    from vllm_overlay.release import release_series
+    from vllm_overlay.series.loader import release_series
+    from vllm_overlay.series.pins import load_pins
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("release", help="a pinned release, e.g. 0.32.0")
@@ -354,34 +342,30 @@ def main(argv: list[str] | None = None) -> int:
     pytest_args = argv[split + 1 :]
     cache = cache_root()
     venv = cache / "envs" / args.release
-    try:
-        pins = load_pins(patches_root() / "vllm" / "releases.toml")
-        if args.release not in pins:
-            raise OverlayError(f"{args.release} is not a pinned release")
-        if not (venv / "bin" / "python").exists():
-            raise OverlayError(f"{venv} does not exist; run ci/release_env.py first")
-        sdist_tree = fetch_sdist_tree(pins[args.release], cache)
-        hf_home = cache / "hf-standin"
-        write_hf_standin(hf_home, venv / "bin" / "python")
-        tests_dir = prepare_upstream_tests(
-            args.release, sdist_tree, cache / "upstream-tests" / args.release
-        )
-        series = release_series(args.release)
-        patch_upstream_tests(series, tests_dir)
-        env = test_environment(args.release, cache, hf_home, test_dist(series))
-        return run_upstream_tests(
-            args.release,
-            venv,
-            tests_dir,
-            env,
-            args.junit_xml,
-            worktree=args.worktree,
-            pytest_args=pytest_args,
-        )
-    except OverlayError as exc:
-        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
-        return 1
+    pins = load_pins(patches_root() / "vllm" / "releases.toml")
+    if args.release not in pins:
+        raise OverlayError(f"{args.release} is not a pinned release")
+    if not (venv / "bin" / "python").exists():
+        raise OverlayError(f"{venv} does not exist; run ci/release_env.py first")
+    sdist_tree = fetch_sdist_tree(pins[args.release], cache)
+    hf_home = cache / "hf-standin"
+    write_hf_standin(hf_home, venv / "bin" / "python")
+    tests_dir = prepare_upstream_tests(
+        args.release, sdist_tree, cache / "upstream-tests" / args.release
+    )
+    series = release_series(args.release)
+    patch_upstream_tests(series, tests_dir)
+    env = test_environment(args.release, cache, hf_home, test_dist(series))
+    return run_upstream_tests(
+        args.release,
+        venv,
+        tests_dir,
+        env,
+        args.junit_xml,
+        worktree=args.worktree,
+        pytest_args=pytest_args,
+    )
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_status(main))

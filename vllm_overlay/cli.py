@@ -4,15 +4,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.export import refresh, refresh_check
-from vllm_overlay.extract import extract
-from vllm_overlay.lint import lint
+from vllm_overlay import atomic
+from vllm_overlay.build.wheel import build_release
+from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import patches_root
-from vllm_overlay.pin import bump_release, pin_release
-from vllm_overlay.pins import DISTRIBUTIONS
-from vllm_overlay.probing import format_rebased
-from vllm_overlay.rebase import (
+from vllm_overlay.series.pins import DISTRIBUTIONS
+from vllm_overlay.track.extract import extract
+from vllm_overlay.track.lint import lint
+from vllm_overlay.track.pin import bump_release, pin_release
+from vllm_overlay.track.probing import format_rebased
+from vllm_overlay.track.rebase import (
     RebaseOutcome,
     abort_rebase,
     continue_rebase,
@@ -21,15 +22,16 @@ from vllm_overlay.rebase import (
     skip_patch,
     start_rebase,
 )
-from vllm_overlay.release import build_release
-from vllm_overlay.status import (
+from vllm_overlay.track.refresh import refresh
+from vllm_overlay.track.round_trip import refresh_check
+from vllm_overlay.track.status import (
     format_json,
     format_table,
     record_status,
     refuse_unrecordable,
     status,
 )
-from vllm_overlay.table import TABLE_FILE, render_table
+from vllm_overlay.track.table import TABLE_FILE, render_table
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -74,18 +76,15 @@ def _table(args: argparse.Namespace) -> int:
     table = render_table(root)
     target = root.parent / TABLE_FILE
     if args.write:
-        target.write_text(table, encoding="utf-8")
+        atomic.write_text(target, table)
         print(f"wrote {target}")
         return 0
     if args.check:
         current = target.read_text(encoding="utf-8") if target.is_file() else ""
         if current != table:
-            print(
-                f"vllm-overlay: error: {target} is out of date; run "
-                "`vllm-overlay table --write`",
-                file=sys.stderr,
+            raise OverlayError(
+                f"{target} is out of date; run `vllm-overlay table --write`"
             )
-            return 1
         return 0
     print(table, end="")
     return 0
@@ -113,12 +112,9 @@ def _refresh(args: argparse.Namespace) -> int:
         for name in differ:
             print(f"differs from what refresh writes: {name}", file=sys.stderr)
         if differ:
-            print(
-                f"vllm-overlay: error: the {args.release} series is not what "
-                "`vllm-overlay refresh` writes",
-                file=sys.stderr,
+            raise OverlayError(
+                f"the {args.release} series is not what `vllm-overlay refresh` writes"
             )
-            return 1
         print(f"vllm-overlay refresh: the {args.release} series round-trips exactly")
         return 0
     if args.repo is None or args.base is None:
@@ -171,13 +167,11 @@ def _report_probes(outcome: RebaseOutcome) -> int:
     for line in format_rebased(probes):
         print(line)
     if probes.failing:
-        print(
-            f"vllm-overlay: error: {len(probes.failing)} probe(s) do not pass on "
+        raise OverlayError(
+            f"{len(probes.failing)} probe(s) do not pass on "
             f"vLLM {outcome.to_release} patched by the new series (written to "
-            f"{outcome.directory} for review); fix the series before committing it",
-            file=sys.stderr,
+            f"{outcome.directory} for review); fix the series before committing it"
         )
-        return 1
     return 0
 
 
@@ -302,7 +296,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     refresh_cmd.set_defaults(func=_refresh)
     # Only listed here: `vllm_overlay.launcher` runs `serve` before this
-    # parser exists, handing every argument after it to vLLM.
+    # module is imported, handing every argument after it to vLLM.
     commands.add_parser(
         "serve",
         add_help=False,
@@ -371,17 +365,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every command. The console script (`vllm_overlay.launcher`) runs
+    `serve` before this module and all it imports are loaded; here it is
+    passed on the same way, to the runtime, with every argument after it."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
-        from vllm_overlay.launcher import main as launch
+        from vllm_overlay.runtime.serve import serve
 
-        return launch(argv)
+        return serve(argv[1:])
     args = _parser().parse_args(argv)
     try:
-        return args.func(args)
-    except OverlayError as exc:
-        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
-        return 1
+        return exit_status(lambda: args.func(args))
     except KeyboardInterrupt:
         print("vllm-overlay: interrupted; nothing was written", file=sys.stderr)
         return 130

@@ -1,4 +1,8 @@
-"""The one error type the command line turns into a one-line message."""
+"""The one error type the command line turns into a one-line message, and
+the one place that prints it."""
+
+import sys
+from collections.abc import Callable
 
 
 class OverlayError(Exception):
@@ -8,3 +12,19 @@ class OverlayError(Exception):
 
     def __init__(self, message: str) -> None:
         super().__init__(" ".join(message.split()))
+
+
+def report_error(exc: OverlayError) -> None:
+    """Print `exc` the one way every command does: `vllm-overlay: error: …`
+    on stderr, one line."""
+    print(f"vllm-overlay: error: {exc}", file=sys.stderr)
+
+
+def exit_status(command: Callable[[], int]) -> int:
+    """Run an entry point's `command`: its own exit status, or 1 with the
+    error line (`report_error`) when it refuses with an `OverlayError`."""
+    try:
+        return command()
+    except OverlayError as exc:
+        report_error(exc)
+        return 1

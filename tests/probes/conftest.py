@@ -17,7 +17,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import pytest
 import torch
@@ -38,6 +38,15 @@ if not torch.cuda.is_available():
     if not _cpu_build:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
+from hybrid_scheduler import (
+    BLOCK_SIZE,
+    NUM_GPU_BLOCKS,
+    generation_request,
+    hybrid_kv_cache_config,
+    single_group_kv_cache_config,
+    start_scheduler,
+    tiny_llama_config,
+)
 from vllm.config import (
     CacheConfig,
     KVTransferConfig,
@@ -46,46 +55,17 @@ from vllm.config import (
     VllmConfig,
 )
 from vllm.platforms import current_platform
-from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-from vllm.v1.kv_cache_interface import (
-    FullAttentionSpec,
-    KVCacheConfig,
-    KVCacheGroupSpec,
-    MambaSpec,
-)
 from vllm.v1.request import Request
-from vllm.v1.structured_output import StructuredOutputManager
 
 # A release without MultiConnector load weights rejects the key in a child's
 # entry; the probes of the selection leave it out there, so that they reach
 # (and fail on) the selection itself.
 LOAD_WEIGHT_KNOWN = "load_weight" in KVTransferConfig.__dataclass_fields__
 
-BLOCK_SIZE = 16
-NUM_GPU_BLOCKS = 256
 MAX_MODEL_LEN = 1024
-
-# A one-layer Llama small enough to describe in a dict; no weights are needed
-# because nothing here runs the model.
-_TINY_LLAMA_CONFIG: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 1,
-    "vocab_size": 256,
-    "max_position_embeddings": MAX_MODEL_LEN,
-    "rms_norm_eps": 1e-6,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "torch_dtype": "float32",
-}
 
 
 class MakeVllmConfig(Protocol):
@@ -122,7 +102,7 @@ def block_size() -> int:
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A local model directory, so `ModelConfig` never asks a model hub."""
     model_dir = tmp_path_factory.mktemp("tiny-llama")
-    (model_dir / "config.json").write_text(json.dumps(_TINY_LLAMA_CONFIG))
+    (model_dir / "config.json").write_text(json.dumps(tiny_llama_config(MAX_MODEL_LEN)))
     return model_dir
 
 
@@ -165,54 +145,6 @@ def make_vllm_config(tiny_model_dir: Path) -> MakeVllmConfig:
     return make
 
 
-def single_group_kv_cache_config() -> KVCacheConfig:
-    """One full-attention KV cache group, as a plain decoder would have."""
-    spec = FullAttentionSpec(
-        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
-    )
-    return KVCacheConfig(
-        num_blocks=NUM_GPU_BLOCKS,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)],
-    )
-
-
-def hybrid_kv_cache_config() -> KVCacheConfig:
-    """A full-attention group and a Mamba group in "align" mode (a state
-    checkpoint per block), as a hybrid model with prefix caching has."""
-    attention = FullAttentionSpec(
-        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
-    )
-    mamba = MambaSpec(
-        block_size=BLOCK_SIZE,
-        shapes=((1, 1),),
-        dtypes=(torch.float32,),
-        mamba_cache_mode="align",
-    )
-    return KVCacheConfig(
-        num_blocks=NUM_GPU_BLOCKS,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(["attention"], attention),
-            KVCacheGroupSpec(["mamba"], mamba),
-        ],
-    )
-
-
-def start_scheduler(
-    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
-) -> Scheduler:
-    """The real v1 `Scheduler`; it creates its connector itself."""
-    register_all_kvcache_specs(vllm_config)
-    return Scheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        block_size=BLOCK_SIZE,
-        log_stats=True,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-    )
-
-
 @pytest.fixture
 def make_scheduler(make_vllm_config: MakeVllmConfig) -> MakeScheduler:
     """Build the real v1 `Scheduler` over `single_group_kv_cache_config()`."""
@@ -240,18 +172,11 @@ def make_request() -> MakeRequest:
     """Build plain generation requests whose prompts share no prefix."""
     # Block hashes chain from a process-wide seed, set once.
     init_none_hash(sha256)
-    block_hasher = get_request_block_hasher(BLOCK_SIZE, sha256)
 
     def make(request_id: str, num_prompt_tokens: int) -> Request:
-        sampling_params = SamplingParams(max_tokens=4)
-        sampling_params.update_from_generation_config({}, 2)
         seed = sum(map(ord, request_id))
-        return Request(
-            request_id=request_id,
-            prompt_token_ids=[(seed + i) % 200 + 3 for i in range(num_prompt_tokens)],
-            sampling_params=sampling_params,
-            pooling_params=None,
-            block_hasher=block_hasher,
+        return generation_request(
+            request_id, [(seed + i) % 200 + 3 for i in range(num_prompt_tokens)]
         )
 
     return make

@@ -29,12 +29,10 @@ from typing import Any
 import pytest
 import torch
 from conftest import (
-    BLOCK_SIZE,
-    NUM_GPU_BLOCKS,
     MakeRequest,
     MakeVllmConfig,
-    start_scheduler,
 )
+from hybrid_scheduler import BLOCK_SIZE, NUM_GPU_BLOCKS, start_scheduler
 from lmcache_fake_adapter import install_fake_adapter
 from vllm.config import KVTransferConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole

@@ -48,12 +48,11 @@ from typing import Any
 import pytest
 import torch
 from conftest import (
-    BLOCK_SIZE,
     MAX_MODEL_LEN,
     MakeRequest,
     MakeVllmConfig,
-    start_scheduler,
 )
+from hybrid_scheduler import BLOCK_SIZE, start_scheduler
 from torch.overrides import TorchFunctionMode
 from vllm.config import (
     KVTransferConfig,

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import pytest
 from conftest import LOAD_WEIGHT_KNOWN, MakeScheduler
+from hybrid_scheduler import generation_request
 from scheduler_side_connector import RecordingHMAChild
 from vllm.config import KVTransferConfig
-from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
@@ -118,21 +118,11 @@ def multi_connector_config(
 
 
 def make_prompt_request(
-    request_id: str, num_tokens: int, block_size: int, do_remote_prefill: bool
+    request_id: str, num_tokens: int, do_remote_prefill: bool
 ) -> Request:
     """A request over the shared prompt, as a P/D decode request or not."""
-    sampling_params = SamplingParams(max_tokens=4)
-    sampling_params.update_from_generation_config({}, 2)
-    request = Request(
-        request_id=request_id,
-        prompt_token_ids=[(7 * i) % 200 + 3 for i in range(num_tokens)],
-        sampling_params=sampling_params,
-        pooling_params=None,
-        block_hasher=get_request_block_hasher(block_size, sha256),
-    )
-    if do_remote_prefill:
-        request.kv_transfer_params = {"do_remote_prefill": True}
-    return request
+    prompt = [(7 * i) % 200 + 3 for i in range(num_tokens)]
+    return generation_request(request_id, prompt, do_remote_prefill)
 
 
 def cache_prefix_without_recurrent_state(
@@ -141,7 +131,7 @@ def cache_prefix_without_recurrent_state(
     """Leave the decode instance's cache as P/D leaves it: the prefix's
     full-attention blocks cached, no recurrent-state checkpoint inside it.
     Returns the cached full-attention block ids."""
-    fill = make_prompt_request("earlier", CACHED_BLOCKS * block_size, block_size, False)
+    fill = make_prompt_request("earlier", CACHED_BLOCKS * block_size, False)
     state_ids = set()
     for _ in range(CACHED_BLOCKS):
         manager.allocate_slots(fill, block_size)
@@ -169,9 +159,7 @@ def schedule_prompt(
     each child was asked to load for the request."""
     request_id = "decode" if do_remote_prefill else "plain"
     scheduler.add_request(
-        make_prompt_request(
-            request_id, PROMPT_BLOCKS * block_size, block_size, do_remote_prefill
-        )
+        make_prompt_request(request_id, PROMPT_BLOCKS * block_size, do_remote_prefill)
     )
     output = scheduler.schedule()
     loaded = tuple(

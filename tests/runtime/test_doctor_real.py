@@ -28,17 +28,18 @@ import pytest
 import torch
 
 from ci.hf_standin import Vocabulary, write_tokenizer
+from vllm_overlay.build.record import record_hash
 from vllm_overlay.doctor import diagnose
 from vllm_overlay.doctor.findings import Finding, Severity
 from vllm_overlay.doctor.report import Report
 from vllm_overlay.doctor.rules import RULES, hma_enabled, installed_build
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.manifest import (
+from vllm_overlay.runtime.installed import installed_vllm
+from vllm_overlay.series.manifest import (
     MANIFEST_PATH,
     installed_vllm_dir,
     read_installed_manifest,
 )
-from vllm_overlay.runtime.installed import installed_vllm, record_hash
 from vllm_overlay.testing.pristine import installed_touched_files, pristine_sources
 
 # None of the imports above imports vLLM. Only the build from the CUDA

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vllm_overlay.cli import main
-from vllm_overlay.manifest import MANIFEST_FORMAT, MANIFEST_PATH
+from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 
 pytest_plugins = ["pytester"]
 

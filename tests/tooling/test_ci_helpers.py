@@ -1,11 +1,13 @@
 """The harness pieces that decide what CI reports: JUnit counting and the
 upstream-cleanup plugin."""
 
+import os
 from pathlib import Path
 
 import pytest
 
 from ci.harness import Counts, junit_counts
+from ci.pytest_runs import PLATFORM_VAR, pytest_command, pytest_environment
 
 PLUGINS = Path(__file__).resolve().parents[2] / "ci" / "pytest_plugins"
 
@@ -66,3 +68,22 @@ def test_cleanup_is_skipped_only_where_no_engine_is_involved(
         result.assert_outcomes(passed=3)
     else:
         result.assert_outcomes(passed=2, failed=1)
+
+
+def test_pytest_runs_inherit_neither_pythonpath_nor_the_platform(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setenv(PLATFORM_VAR, "cuda")
+    env = pytest_environment({"HF_HUB_OFFLINE": "1"}, [Path("/a"), Path("/b")])
+    assert env["PYTHONPATH"] == os.pathsep.join(["/a", "/b"])
+    assert PLATFORM_VAR not in env
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert pytest_environment({PLATFORM_VAR: "cpu"}, [])[PLATFORM_VAR] == "cpu"
+    command = pytest_command(Path("/venv"), "-x")
+    assert command == [
+        "/venv/bin/python",
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-x",
+    ]

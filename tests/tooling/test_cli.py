@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import RELEASE, make_wheel, run_cli
 
+from vllm_overlay.errors import OverlayError, exit_status
+
 WHEEL = f"vllm-{RELEASE}-cp38-abi3-linux_x86_64.whl"
 
 
@@ -112,3 +114,14 @@ def test_lint_reports_problems_and_exit_code(project, capsys):
     code, _, err = run_cli(capsys, "lint")
     assert code == 1
     assert "stray.patch: not listed" in err
+
+
+def test_an_entry_point_refusal_is_one_line_and_status_1(capsys):
+    def refuse() -> int:
+        raise OverlayError("the pins file\n  is not valid TOML")
+
+    assert exit_status(refuse) == 1
+    assert exit_status(lambda: 3) == 3
+    assert capsys.readouterr().err == (
+        "vllm-overlay: error: the pins file is not valid TOML\n"
+    )

@@ -13,8 +13,8 @@ from vllm_overlay.doctor import diagnose
 from vllm_overlay.doctor.build import evaluated_sources, installed_build
 from vllm_overlay.doctor.gather import model_from_config_json
 from vllm_overlay.doctor.hf_config import find_config, hybrid_from_config
-from vllm_overlay.manifest import MANIFEST_FORMAT, MANIFEST_PATH
-from vllm_overlay.release import release_series
+from vllm_overlay.series.loader import release_series
+from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 
 QWEN35_LAYERS = ["linear_attention"] * 3 + ["full_attention"]
 QWEN35_DETAIL = "layer types: full_attention, linear_attention"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, run_cli, run_git
 
-from vllm_overlay.history import HISTORY_FILE, DroppedPatch, append_history
-from vllm_overlay.lint import KEPT_FILE, lint
+from vllm_overlay.track.history import HISTORY_FILE, DroppedPatch, append_history
+from vllm_overlay.track.lint import KEPT_FILE, lint
 
 DEMO_TEST = "tests/probes/test_demo.py"
 ENTRY = DroppedPatch(

@@ -19,9 +19,9 @@ import pytest
 import tomli_w
 from conftest import RELEASE, make_wheel, run_cli, scheduler_edit, sha256_file
 
-from vllm_overlay.lint import lint
-from vllm_overlay.pin import platform_tags, write_release
-from vllm_overlay.pins import load_pins
+from vllm_overlay.series.pins import load_pins
+from vllm_overlay.track.lint import lint
+from vllm_overlay.track.pin import platform_tags, write_release
 
 NEW = "9.10.0"
 X86 = "cp38-abi3-manylinux_2_28_x86_64.whl"

@@ -6,9 +6,10 @@ from packaging.tags import Tag
 from packaging.version import Version
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.pins import load_pins, resolve_release
-from vllm_overlay.release import PINS_FILE, pinned_releases
-from vllm_overlay.series import has_series, load_series
+from vllm_overlay.locations import PINS_FILE
+from vllm_overlay.series.loader import load_series, pinned_releases
+from vllm_overlay.series.model import has_series
+from vllm_overlay.series.pins import load_pins, resolve_release
 
 REPO_PATCHES = Path(__file__).resolve().parents[2] / "patches"
 SHA = "a" * 64

@@ -22,13 +22,13 @@ from conftest import (
     sha256_file,
 )
 
-from vllm_overlay import probing
-from vllm_overlay.applier import apply_series
-from vllm_overlay.history import HISTORY_FILE, read_history
-from vllm_overlay.lint import lint
-from vllm_overlay.manifest import MANIFEST_FORMAT, MANIFEST_PATH
-from vllm_overlay.rebase import state_dir
-from vllm_overlay.release import release_series
+from vllm_overlay.build.applier import apply_series
+from vllm_overlay.series.loader import pinned_releases, release_series
+from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
+from vllm_overlay.track import probing
+from vllm_overlay.track.history import HISTORY_FILE, read_history
+from vllm_overlay.track.lint import lint
+from vllm_overlay.track.rebase import state_dir
 
 TO = "9.10.0"
 PATCH = "scheduler-demo.patch"
@@ -85,6 +85,18 @@ def test_drifted_patch_is_kept_with_refreshed_context(checkout, capsys):
     assert not (checkout.patches / HISTORY_FILE).exists()
     assert lint(checkout.patches) == []
     assert run_cli(capsys, "refresh", TO, "--check")[0] == 0
+
+
+def test_the_new_series_is_recorded_for_its_revision(checkout, capsys):
+    pin_target(checkout, drifted())
+    committed(checkout)
+    assert rebase(capsys, RELEASE, TO)[0] == 0
+    capsys.readouterr()
+    pin = pinned_releases(checkout.patches)[TO]
+    assert pin.series_digest == release_series(TO).digest
+    assert pin.revision == 1
+    assert lint(checkout.patches) == []
+    assert f"vLLM {TO}'s series is not recorded" not in capsys.readouterr().err
 
 
 def test_patch_upstream_already_has_is_dropped_and_recorded(checkout, capsys):

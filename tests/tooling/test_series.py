@@ -10,9 +10,10 @@ from conftest import (
 )
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.lint import lint
-from vllm_overlay.release import release_series
-from vllm_overlay.series import parse_patch, probe_problem
+from vllm_overlay.series.checks import probe_problem
+from vllm_overlay.series.loader import release_series
+from vllm_overlay.series.model import parse_patch
+from vllm_overlay.track.lint import lint
 
 REPO = Path(__file__).resolve().parents[2]
 

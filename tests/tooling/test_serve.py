@@ -23,10 +23,10 @@ from conftest import SCHEDULER, Project, format_patch, make_wheel
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PACKAGED_PATCHES, REPO_ROOT, series_root
-from vllm_overlay.manifest import MANIFEST_PATH
 from vllm_overlay.runtime import dist_alias, propagate
 from vllm_overlay.runtime.installed import installed_vllm
 from vllm_overlay.runtime.serve import activate, prepare
+from vllm_overlay.series.manifest import MANIFEST_PATH
 
 RELEASE = "9.9.0"
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
@@ -448,7 +448,7 @@ def test_the_activation_benchmark_imports():
 # --- the record of the last start
 
 
-HEAVY = ("vllm_overlay.series", "packaging.version", "email.parser", "tomllib")
+HEAVY = ("vllm_overlay.series.model", "packaging.version", "email.parser", "tomllib")
 WHAT_WAS_LOADED = f"""import json, sys
 from vllm_overlay.runtime.serve import prepare
 prepare()

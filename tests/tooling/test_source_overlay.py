@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_overlay import source_overlay
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.runtime import source_overlay
 
 
 @pytest.fixture

@@ -20,14 +20,14 @@ from conftest import (
     scheduler_edit,
 )
 
-from vllm_overlay import status as status_module
 from vllm_overlay.cli import main
-from vllm_overlay.lint import lint
-from vllm_overlay.pins import Artifact, ReleasePin
-from vllm_overlay.probing import probe_outcomes, probe_verdict
-from vllm_overlay.release import nearest_release as nearest
-from vllm_overlay.table import render_table
-from vllm_overlay.verdicts import VERDICTS_FILE, read_verdicts
+from vllm_overlay.series.loader import nearest_release as nearest
+from vllm_overlay.series.pins import Artifact, ReleasePin
+from vllm_overlay.track import status as status_module
+from vllm_overlay.track.lint import lint
+from vllm_overlay.track.probing import probe_outcomes, probe_verdict
+from vllm_overlay.track.table import render_table
+from vllm_overlay.track.verdicts import VERDICTS_FILE, read_verdicts
 
 # A release pinned after 9.9.0 that has no series yet.
 NEXT = "9.10.0"

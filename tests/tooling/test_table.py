@@ -3,9 +3,9 @@ from pathlib import Path
 from conftest import SCHEDULER_SOURCE
 
 from vllm_overlay.cli import main
-from vllm_overlay.history import HISTORY_FILE
-from vllm_overlay.lint import lint
-from vllm_overlay.table import TABLE_FILE, render_table
+from vllm_overlay.track.history import HISTORY_FILE
+from vllm_overlay.track.lint import lint
+from vllm_overlay.track.table import TABLE_FILE, render_table
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,10 +7,12 @@ import pytest
 from conftest import EXTENSION, RELEASE, SCHEDULER, make_wheel, sha256_file
 from wheel.wheelfile import WheelFile
 
-from vllm_overlay import wheelbuild
+from vllm_overlay.build import wheel as wheelbuild
+from vllm_overlay.build.raw_zip import copy_raw
+from vllm_overlay.build.record import parse_record, record_hash, record_text
+from vllm_overlay.build.wheel import SourceWheel, build_patched_wheel, build_release
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.release import build_release, release_series
-from vllm_overlay.wheelbuild import SourceWheel, build_patched_wheel
+from vllm_overlay.series.loader import release_series
 
 PATCHED_NAME = f"vllm-{RELEASE}+hybridkv.1-cp38-abi3-linux_x86_64.whl"
 DIST_INFO = f"vllm-{RELEASE}+hybridkv.1.dist-info"
@@ -184,3 +186,38 @@ def test_concurrent_builds_do_not_corrupt_each_other(project, tmp_path):
     with WheelFile(dist / PATCHED_NAME) as wheel:
         for info in wheel.infolist():
             wheel.read(info.filename)
+
+
+def test_the_raw_copy_keeps_to_what_zipfile_still_has(tmp_path):
+    """`raw_zip.copy_raw` leans on zipfile's private state; a Python whose
+    zipfile lost any of it must fail here, not in a build."""
+    source = tmp_path / "source.zip"
+    with zipfile.ZipFile(source, "w") as archive:
+        archive.writestr("vllm/_C.abi3.so", EXTENSION, zipfile.ZIP_DEFLATED)
+    copied = tmp_path / "copied.zip"
+    with (
+        zipfile.ZipFile(source) as archive,
+        open(copied, "wb", buffering=0) as raw,
+        zipfile.ZipFile(raw, "w") as out,
+    ):
+        for name in ("start_dir", "filelist", "NameToInfo", "_didModify"):
+            assert hasattr(out, name), name
+        copy_raw(archive, archive.getinfo("vllm/_C.abi3.so"), out, "moved.so")
+    with zipfile.ZipFile(copied) as result:
+        assert result.testzip() is None
+        assert result.read("moved.so") == EXTENSION
+    with zipfile.ZipFile(source) as archive, zipfile.ZipFile(copied) as result:
+        original, moved = archive.infolist()[0], result.infolist()[0]
+        assert (moved.CRC, moved.compress_size) == (
+            original.CRC,
+            original.compress_size,
+        )
+
+
+def test_a_record_reads_back_what_it_wrote():
+    rows = [("vllm/a.py", record_hash(b"a"), "1"), ("x.dist-info/RECORD", "", "")]
+    assert record_hash(b"") == "sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU"
+    assert parse_record(record_text(rows)) == {
+        "vllm/a.py": (record_hash(b"a"), "1"),
+        "x.dist-info/RECORD": ("", ""),
+    }

@@ -18,13 +18,13 @@ from dataclasses import replace
 
 from packaging.version import Version
 
-from vllm_overlay import source_overlay
 from vllm_overlay.doctor.facts import BuildFacts
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.manifest import read_installed_manifest
-from vllm_overlay.pins import DISTRIBUTIONS, load_pins
+from vllm_overlay.runtime import source_overlay
 from vllm_overlay.runtime.catalog import PINS_FILE, series_for, series_root
 from vllm_overlay.runtime.serve import prepare
+from vllm_overlay.series.manifest import read_installed_manifest
+from vllm_overlay.series.pins import DISTRIBUTIONS, load_pins
 
 
 def installed_build() -> BuildFacts:

@@ -8,12 +8,8 @@ applied to those files, so each one is first checked against the sha256 the
 RECORD gives it: a locally edited install is refused, not patched.
 """
 
-import base64
-import csv
-import hashlib
 import importlib.metadata
 import importlib.util
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +17,10 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from vllm_overlay.build.record import parse_record, record_hash
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.manifest import MANIFEST_PATH
-from vllm_overlay.pins import DISTRIBUTIONS
+from vllm_overlay.series.manifest import MANIFEST_PATH, installed_vllm_dir
+from vllm_overlay.series.pins import DISTRIBUTIONS
 
 _PACKAGE_INIT = "vllm/__init__.py"
 
@@ -101,18 +98,9 @@ class InstalledVllm:
         return sources
 
 
-def record_hash(content: bytes) -> str:
-    """The hash of `content` as a wheel's RECORD writes it."""
-    digest = hashlib.sha256(content).digest()
-    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
 def installed_vllm() -> InstalledVllm:
     """The vLLM that `import vllm` would load here."""
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        raise OverlayError("vLLM is not installed in this environment")
-    package_dir = Path(next(iter(spec.submodule_search_locations)))
+    package_dir = installed_vllm_dir()
     owners = []
     # Site-packages holds hundreds of dist-info directories; only the names
     # are read to pick vLLM's, not each one's METADATA.
@@ -135,5 +123,5 @@ def installed_vllm() -> InstalledVllm:
 
 def _record(dist: importlib.metadata.Distribution) -> dict[str, str]:
     """Relative path -> `sha256=...` from the distribution's RECORD."""
-    text = dist.read_text("RECORD") or ""
-    return {row[0]: row[1] for row in csv.reader(io.StringIO(text)) if len(row) > 1}
+    rows = parse_record(dist.read_text("RECORD") or "")
+    return {path: digest for path, (digest, _) in rows.items()}

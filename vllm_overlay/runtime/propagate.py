@@ -21,8 +21,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from vllm_overlay import source_overlay
-from vllm_overlay.runtime import dist_alias
+from vllm_overlay.runtime import dist_alias, source_overlay
 
 ENVIRONMENT_VARIABLE = "VLLM_OVERLAY_SERVE"
 BOOT_DIR = Path(__file__).resolve().parent / "boot"

@@ -14,10 +14,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vllm_overlay import source_overlay
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root, series_root
-from vllm_overlay.runtime import dist_alias, propagate
+from vllm_overlay.runtime import dist_alias, propagate, source_overlay
 from vllm_overlay.runtime.warm import Activation, recorded_activation, save_activation
 
 
@@ -85,7 +84,7 @@ def serve(vllm_args: Sequence[str]) -> int:
     try:
         activate(prepare())
     except OverlayError as exc:
-        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
+        report_error(exc)
         return 1
     run_vllm_serve(vllm_args)
     return 0

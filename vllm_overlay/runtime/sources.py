@@ -10,21 +10,21 @@ name and renamed into place under a lock, so no process ever sees half of
 one. Its index (`sources.json`, each file's sha256) is checked on every start:
 a cached file that was edited or removed is rebuilt, never served.
 
-Applying the series runs `git apply` (see `applier.py`), so the first start
+Applying the series runs `git apply` (see `build/applier.py`), so the first start
 of a series over a build needs git; later starts only hash a few files.
 """
 
 import hashlib
 import json
-import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locking import exclusive
-from vllm_overlay.series import Series
-from vllm_overlay.source_overlay import module_name
+from vllm_overlay.runtime.source_overlay import module_name
+from vllm_overlay.series.model import Series
 
 INDEX = "sources.json"
 
@@ -71,7 +71,7 @@ def _intact(directory: Path, originals: Mapping[str, bytes]) -> bool:
 def _build(directory: Path, series: Series, originals: Mapping[str, bytes]) -> None:
     # Imported here: only a cache miss applies the series, and a warm start
     # should not pay for loading the applier.
-    from vllm_overlay.applier import apply_series
+    from vllm_overlay.build.applier import apply_series
 
     patched = apply_series(series, originals)
     deleted = sorted(
@@ -96,7 +96,5 @@ def _build(directory: Path, series: Series, originals: Mapping[str, bytes]) -> N
             target.write_bytes(content)
             index[relative] = hashlib.sha256(content).hexdigest()
         (staging / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
-        if directory.exists():
-            # A damaged copy: moved aside, removed with the scratch directory.
-            os.replace(directory, Path(tmp) / "damaged")
-        os.replace(staging, directory)
+        # A damaged copy there is replaced whole.
+        atomic.replace_dir(staging, directory)

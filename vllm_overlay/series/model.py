@@ -2,18 +2,17 @@
 
 Layout (Electron's, keyed by release)::
 
-    patches/vllm/releases.toml           pins (see `pins.py`)
+    patches/vllm/releases.toml           pins (see `vllm_overlay/series/pins.py`)
     patches/vllm/v0.33.0/series          order file: one patch file name a line
     patches/vllm/v0.33.0/<name>.patch    one commit each, as `git format-patch` wrote it
 
 Every patch message ends with trailers that say why the patch exists and when it
 goes away (Yocto's `Upstream-Status`, forkctl's `Drop-When`), and which of our
 tests prove it (`Probe`). A patch without them cannot be maintained, so a series
-with a defect is never loaded: `series_problems` lists every defect (the linter
-prints them all), `load_series` refuses the series on the first.
+with a defect is never loaded: `checks.series_problems` lists every defect (the
+linter prints them all), `loader.load_series` refuses the series on the first.
 """
 
-import ast
 import email.parser
 import email.policy
 import hashlib
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.pins import ReleasePin
+from vllm_overlay.series.pins import ReleasePin
 
 SERIES_FILE = "series"
 PATCH_SUFFIX = ".patch"
@@ -31,19 +30,12 @@ PATCH_SUFFIX = ".patch"
 PACKAGE_DIR = "vllm/"
 TESTS_DIR = "tests/"
 REQUIRED_TRAILERS = ("Upstream-Status", "Upstream-PR", "Drop-When", "Probe")
-_SINGLE_TRAILERS = ("Upstream-Status", "Upstream-PR", "Drop-When")
 
-_URL = r"https?://\S+"
-_UPSTREAM_STATUS = re.compile(
-    rf"Pending|Submitted {_URL}|Backport \S.*|Inappropriate \S.*"
-)
-_UPSTREAM_PR = re.compile(rf"none|{_URL}")
 # A key with nothing after its colon is still a trailer, so that an empty
 # value is reported as such rather than hiding the whole trailer block.
 _TRAILER = re.compile(r"([A-Za-z0-9][A-Za-z0-9-]*):(?: (.*))?")
 _SUBJECT_PREFIX = re.compile(r"^\[PATCH[^\]]*\]\s*")
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
-_PROBE_ID = re.compile(r"(tests/[\w/.-]+\.py)::([\w:]+)(\[.*\])?")
 
 
 @dataclass(frozen=True)
@@ -145,22 +137,6 @@ def has_series(patches_root: Path, version: str) -> bool:
     return (series_dir(patches_root, version) / SERIES_FILE).is_file()
 
 
-def load_series(patches_root: Path, release: ReleasePin) -> Series:
-    """The release's series, or an `OverlayError` naming its first defect."""
-    directory = series_dir(patches_root, release.version)
-    if not has_series(patches_root, release.version):
-        raise OverlayError(
-            f"vLLM {release.version} has no series ({directory / SERIES_FILE} "
-            "does not exist)"
-        )
-    problems = series_problems(directory, patches_root.parent)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise OverlayError(problems[0] + more)
-    names = read_series_file(directory / SERIES_FILE)
-    return Series(release, directory, tuple(parse_patch(directory / n) for n in names))
-
-
 def read_series_file(path: Path) -> list[str]:
     """Patch file names in order; `#` starts a comment, blank lines are skipped."""
     names = []
@@ -169,104 +145,6 @@ def read_series_file(path: Path) -> list[str]:
         if line:
             names.append(line)
     return names
-
-
-def series_problems(directory: Path, repo_root: Path) -> list[str]:
-    """Every defect of one release's series directory, as one-line messages."""
-    series_path = directory / SERIES_FILE
-    if not series_path.is_file():
-        return [f"{series_path}: missing"]
-    names = read_series_file(series_path)
-    problems = []
-    seen = set()
-    for name in names:
-        if name in seen:
-            problems.append(f"{series_path}: {name} is listed twice")
-        seen.add(name)
-        if "/" in name or not name.endswith(PATCH_SUFFIX):
-            problems.append(
-                f"{series_path}: {name} must be a *{PATCH_SUFFIX} file name"
-            )
-        elif not (directory / name).is_file():
-            problems.append(f"{series_path}: lists {name}, which does not exist")
-        else:
-            problems.extend(_patch_problems(directory / name, repo_root))
-    for path in sorted(directory.glob(f"*{PATCH_SUFFIX}")):
-        if path.name not in seen:
-            problems.append(f"{path}: not listed in {series_path}")
-    return problems
-
-
-def _patch_problems(path: Path, repo_root: Path) -> list[str]:
-    try:
-        patch = parse_patch(path)
-    except OverlayError as exc:
-        return [str(exc)]
-    problems = []
-    keys = [key for key, _ in patch.trailers]
-    for key in REQUIRED_TRAILERS:
-        if key not in keys:
-            problems.append(f"{path}: missing trailer {key}:")
-    for key in _SINGLE_TRAILERS:
-        if keys.count(key) > 1:
-            problems.append(f"{path}: trailer {key}: appears more than once")
-    for key, value in patch.trailers:
-        problems.extend(_trailer_problems(path, key, value, repo_root))
-    if (
-        "Upstream-Status" in keys
-        and patch.upstream_status.startswith("Submitted ")
-        and "Upstream-PR" in keys
-        and patch.upstream_pr != patch.upstream_status.split(" ", 1)[1]
-    ):
-        problems.append(f"{path}: Upstream-PR must be the URL of Submitted")
-    return problems
-
-
-def _trailer_problems(path: Path, key: str, value: str, repo_root: Path) -> list[str]:
-    if not value:
-        return [f"{path}: {key}: is empty"]
-    if key == "Upstream-Status" and not _UPSTREAM_STATUS.fullmatch(value):
-        return [
-            f"{path}: invalid Upstream-Status: {value!r} (Pending | Submitted <url> "
-            "| Backport <release or commit> | Inappropriate <reason>)"
-        ]
-    if key == "Upstream-PR" and not _UPSTREAM_PR.fullmatch(value):
-        return [f"{path}: invalid Upstream-PR: {value!r} (a URL or none)"]
-    if key == "Probe":
-        reason = probe_problem(value, repo_root)
-        if reason:
-            return [f"{path}: Probe: {value}: {reason}"]
-    return []
-
-
-def probe_problem(node_id: str, repo_root: Path) -> str | None:
-    """Why `node_id` names no test in our tree, or None when it does.
-
-    Checked statically (the test file's syntax tree), because probes only import
-    inside an environment where vLLM is installed.
-    """
-    match = _PROBE_ID.fullmatch(node_id)
-    if not match:
-        return "not a pytest node id of the form tests/...py::test_name"
-    file, qualname = match.group(1), match.group(2).split("::")
-    source = repo_root / file
-    if not source.is_file():
-        return f"{file} does not exist"
-    scope: list[ast.stmt] = ast.parse(source.read_text(encoding="utf-8")).body
-    for part in qualname:
-        node = next(
-            (
-                n
-                for n in scope
-                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-                and n.name == part
-            ),
-            None,
-        )
-        if node is None:
-            return f"{file} defines no {'::'.join(qualname)}"
-        scope = node.body if isinstance(node, ast.ClassDef) else []
-    return None
 
 
 def parse_patch(path: Path) -> Patch:

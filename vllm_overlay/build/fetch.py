@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locking import exclusive
-from vllm_overlay.pins import ReleasePin, WheelPin
+from vllm_overlay.series.pins import ReleasePin, WheelPin
 
 _CHUNK = 1 << 20
 _SDIST_MARKER = ".vllm-overlay-sdist-sha256"

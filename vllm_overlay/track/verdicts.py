@@ -8,14 +8,14 @@ patch edited since shows as "stale" instead of borrowing an old verdict.
 """
 
 import json
-import os
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.series import Patch
+from vllm_overlay.series.model import Patch
 
 VERDICTS_FILE = Path("vllm") / "verdicts.toml"
 _HEADER = (
@@ -90,10 +90,7 @@ def record_verdicts(
             text += f"probe = {json.dumps(entry.probe)}\n"
         text += f"patch_sha256 = {json.dumps(entry.patch_sha256)}\n"
         text += f"checked = {json.dumps(entry.checked)}\n"
-    path = root / VERDICTS_FILE
-    scratch = path.with_name(f".{path.name}.tmp")
-    scratch.write_text(text, encoding="utf-8")
-    os.replace(scratch, path)
+    atomic.write_text(root / VERDICTS_FILE, text)
 
 
 def verdict_cell(recorded: RecordedVerdict | None, patch: Patch) -> str:

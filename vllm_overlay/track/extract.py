@@ -3,7 +3,7 @@
 Output: commits on pristine vLLM, as an mbox and a PR description (`PR.md`)
 in the sections of the release's pull request template. The last commit
 holds the patch's change and its probes turned into upstream tests
-(`upstream_tests.py`, imports sorted and formatted by ruff with vLLM's own
+(`probe_conversion.py`, imports sorted and formatted by ruff with vLLM's own
 config); its message is the patch's without our trailers, signed off (vLLM
 requires the DCO). A patch that applies to pristine vLLM only after some
 earlier patches of its series is sent as a stack: those come first, each its
@@ -30,20 +30,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.export import (
-    UPSTREAM_TAG,
-    commit_identity,
-    format_patch_bytes,
-    git,
-    git_cause,
-    git_run,
-    materialize,
-    pristine_files,
-)
-from vllm_overlay.fetch import fetch_sdist_tree, fetch_wheel
+from vllm_overlay.git import git, git_cause, git_run
 from vllm_overlay.locations import cache_root, patches_root
-from vllm_overlay.probing import (
+from vllm_overlay.series.loader import release_series
+from vllm_overlay.series.model import (
+    PATCH_SUFFIX,
+    REQUIRED_TRAILERS,
+    TESTS_DIR,
+    Patch,
+    Series,
+)
+from vllm_overlay.track.probe_conversion import ConvertedTests, convert_probes
+from vllm_overlay.track.probing import (
     FAILED,
     STILL_NEEDED,
     env_python,
@@ -51,15 +51,13 @@ from vllm_overlay.probing import (
     probe_verdict,
     run_pristine,
 )
-from vllm_overlay.release import release_series
-from vllm_overlay.series import (
-    PATCH_SUFFIX,
-    REQUIRED_TRAILERS,
-    TESTS_DIR,
-    Patch,
-    Series,
+from vllm_overlay.track.refresh import format_patch_bytes
+from vllm_overlay.track.scratch_tree import (
+    UPSTREAM_TAG,
+    commit_identity,
+    materialize,
+    pristine_files,
 )
-from vllm_overlay.upstream_tests import ConvertedTests, convert_probes
 
 BRANCH_PREFIX = "overlay/"
 DESCRIPTION_FILE = "PR.md"

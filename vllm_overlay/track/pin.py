@@ -29,18 +29,19 @@ import tomli_w
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
+from vllm_overlay import atomic
+from vllm_overlay.build.fetch import PipRun, last_error_line, pip_download, sha256_of
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.fetch import PipRun, last_error_line, pip_download, sha256_of
 from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.locking import exclusive
-from vllm_overlay.pins import (
+from vllm_overlay.series.loader import load_series
+from vllm_overlay.series.pins import (
     DISTRIBUTIONS,
     ReleasePin,
     load_pins,
     normalise_version,
     resolve_release,
 )
-from vllm_overlay.series import load_series
 
 # The machines the patched builds serve on; a wheel for any other platform is
 # not pinned.
@@ -113,27 +114,37 @@ def pin_release(
 
 def bump_release(version: str, root: Path | None = None) -> tuple[int, ReleasePin]:
     """Record the release's current series next to its revision: the old
-    revision and the new pin.
-
-    The revision goes up by one when a recorded series has changed; a series
-    recorded for the first time keeps it, as there is no recorded series to
-    tell a change from (`rebase` writes a new release's first series under
-    revision 1). An unchanged series is refused: there is nothing to bump.
-    """
+    revision and the new pin (see `record_series`). An unchanged series is
+    refused: there is nothing to bump."""
     root = root or patches_root()
-    path = root / PINS_FILE
-    release = resolve_release(load_pins(path), version)
-    series = load_series(root, release)
-    if release.series_digest == series.digest:
+    release = resolve_release(load_pins(root / PINS_FILE), version)
+    if release.series_digest == load_series(root, release).digest:
         raise OverlayError(
             f"the series of vLLM {release.version} is unchanged since revision "
             f"{release.revision} was recorded; there is nothing to bump"
         )
+    return release.revision, record_series(release.version, root)
+
+
+def record_series(version: str, root: Path) -> ReleasePin:
+    """Write the release's current series digest next to its revision; the
+    new pin.
+
+    The revision goes up by one when a recorded series has changed; a series
+    recorded for the first time keeps it, as there is no recorded series to
+    tell a change from (`rebase` writes a new release's first series under
+    revision 1 and records it here).
+    """
+    path = root / PINS_FILE
+    release = resolve_release(load_pins(path), version)
+    series = load_series(root, release)
+    if release.series_digest == series.digest:
+        return release
     revision = release.revision + 1 if release.series_digest else release.revision
     bumped = replace(series, release=replace(release, revision=revision))
     table = tomllib.loads(path.read_text(encoding="utf-8"))["releases"][release.version]
     table.update(revision=revision, series_digest=bumped.digest)
-    return release.revision, write_release(path, release.version, table)
+    return write_release(path, release.version, table)
 
 
 def _sdist_sha256(version: str, workdir: Path) -> str:
@@ -252,13 +263,9 @@ def write_release(path: Path, version: str, table: dict[str, Any]) -> ReleasePin
     )
     if tomllib.loads(new_text) != {"releases": {**releases, version: table}}:
         raise OverlayError(f"{path}: rewriting release {version} changed other data")
-    scratch = path.with_name(f".{path.name}.tmp")
-    try:
+    with atomic.replacing(path) as scratch:
         scratch.write_text(new_text, encoding="utf-8")
         pin = load_pins(scratch)[version]
-        os.replace(scratch, path)
-    finally:
-        scratch.unlink(missing_ok=True)
     return pin
 
 

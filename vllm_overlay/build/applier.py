@@ -8,7 +8,6 @@ and any report fails the series. All patches are applied in a scratch
 directory first; callers write output only after the whole series applied.
 """
 
-import os
 import re
 import subprocess
 import tempfile
@@ -17,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.series import PACKAGE_DIR, TESTS_DIR, Patch, Series
+from vllm_overlay.git import git_run
+from vllm_overlay.series.model import PACKAGE_DIR, TESTS_DIR, Patch, Series
 
 _CHECKING = re.compile(r"^Checking patch (\S+)\.\.\.$")
 _OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \((offset|fuzz) .*\)\.$")
@@ -86,23 +86,14 @@ def git_apply(
 ) -> subprocess.CompletedProcess[str]:
     """Run `git apply --verbose` on the files under `tree` in `root`, which is
     not a repository; `options` adds e.g. `--check` or `--reverse`."""
-    env = dict(
-        os.environ,
+    return git_run(
+        root,
+        *("apply", "--verbose", "--whitespace=nowarn", *options),
+        f"--include={tree}*",
+        str(patch.path),
         # Never let git discover a repository above the scratch directory.
-        GIT_CEILING_DIRECTORIES=str(root.parent),
-        LC_ALL="C",
-    )
-    return subprocess.run(
-        [
-            *("git", "apply", "--verbose", "--whitespace=nowarn", *options),
-            f"--include={tree}*",
-            str(patch.path),
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
+        env={"GIT_CEILING_DIRECTORIES": str(root.parent)},
+        user_config=True,
     )
 
 

@@ -14,14 +14,7 @@ place, removed on any failure or interrupt) and serialised by a lock on the
 output directory.
 """
 
-import base64
-import csv
-import errno
-import hashlib
-import io
 import json
-import os
-import struct
 import zipfile
 import zlib
 from collections.abc import Iterable
@@ -30,20 +23,19 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from vllm_overlay.applier import apply_series
+from vllm_overlay import atomic
+from vllm_overlay.build.applier import apply_series
+from vllm_overlay.build.fetch import fetch_wheel
+from vllm_overlay.build.raw_zip import copy_raw
+from vllm_overlay.build.record import parse_record, record_hash, record_text
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.locations import cache_root
 from vllm_overlay.locking import exclusive
-from vllm_overlay.manifest import MANIFEST_FORMAT, MANIFEST_PATH
-from vllm_overlay.series import PACKAGE_DIR, Series
+from vllm_overlay.series.loader import release_series
+from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
+from vllm_overlay.series.model import PACKAGE_DIR, Series
 
 DIST_NAME = "vllm"
-_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
-_LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"
-_DATA_DESCRIPTOR_FLAG = 0x08
-# copy_file_range is refused across some filesystems and on some kernels.
-_NO_COPY_FILE_RANGE = frozenset(
-    {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP}
-)
 
 
 @dataclass(frozen=True)
@@ -101,7 +93,7 @@ class _Plan:
 def _plan(archive: zipfile.ZipFile, source: SourceWheel, series: Series) -> _Plan:
     names = set(archive.namelist())
     dist_info = _dist_info_dir(archive, source)
-    record = _read_record(archive, dist_info)
+    record = parse_record(archive.read(f"{dist_info}/RECORD").decode("utf-8"))
     originals = {}
     for path in series.touched_files:
         if path in names:
@@ -190,22 +182,10 @@ def _read_member(archive: zipfile.ZipFile, source: SourceWheel, name: str) -> by
         ) from None
 
 
-def _read_record(
-    archive: zipfile.ZipFile, dist_info: str
-) -> dict[str, tuple[str, str]]:
-    text = archive.read(f"{dist_info}/RECORD").decode("utf-8")
-    return {row[0]: (row[1], row[2]) for row in csv.reader(io.StringIO(text)) if row}
-
-
-def _record_hash(content: bytes) -> str:
-    digest = hashlib.sha256(content).digest()
-    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
 def _check_recorded(
     record: dict[str, tuple[str, str]], path: str, content: bytes, source: SourceWheel
 ) -> None:
-    if record.get(path, ("", ""))[0] != _record_hash(content):
+    if record.get(path, ("", ""))[0] != record_hash(content):
         raise OverlayError(f"{source.path}: {path} does not match the wheel's RECORD")
 
 
@@ -229,17 +209,12 @@ def _rewrite_metadata(metadata: bytes, version: str) -> bytes:
 
 
 def _write_atomically(target: Path, archive: zipfile.ZipFile, plan: _Plan) -> Path:
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
+    with atomic.replacing(target) as tmp:
         # Unbuffered: raw member data goes to the file descriptor directly.
         with open(tmp, "wb", buffering=0) as raw, zipfile.ZipFile(raw, "w") as out:
             rows = _write_members(archive, out, plan)
             _write_record(out, plan, rows)
         _assert_unchanged_members_identical(archive, tmp, plan)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return target
 
 
@@ -259,14 +234,14 @@ def _write_members(
             if name == prefix + "METADATA":
                 rows.append(_write_new(out, new_name, plan.metadata, info))
             else:
-                _copy_raw(archive, info, out, new_name)
+                copy_raw(archive, info, out, new_name)
                 rows.append((new_name, *plan.record[name]))
         elif name in plan.changed:
             content = plan.changed[name]
             if content is not None:
                 rows.append(_write_new(out, name, content, info))
         else:
-            _copy_raw(archive, info, out, name)
+            copy_raw(archive, info, out, name)
             if name in plan.record:
                 rows.append((name, *plan.record[name]))
     for name in sorted(plan.added):
@@ -278,13 +253,13 @@ def _write_record(
     out: zipfile.ZipFile, plan: _Plan, rows: Iterable[tuple[str, str, str]]
 ) -> None:
     record_name = f"{plan.new_dist_info}/RECORD"
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerows(rows)
-    writer.writerow((record_name, "", ""))
     info = zipfile.ZipInfo(record_name, date_time=_record_date(plan, out))
     info.external_attr = 0o644 << 16
-    out.writestr(info, buffer.getvalue(), compress_type=zipfile.ZIP_DEFLATED)
+    out.writestr(
+        info,
+        record_text([*rows, (record_name, "", "")]),
+        compress_type=zipfile.ZIP_DEFLATED,
+    )
 
 
 def _record_date(plan: _Plan, out: zipfile.ZipFile) -> tuple[int, ...]:
@@ -298,66 +273,7 @@ def _write_new(
     info = zipfile.ZipInfo(name, date_time=like.date_time)
     info.external_attr = like.external_attr or (0o644 << 16)
     out.writestr(info, content, compress_type=zipfile.ZIP_DEFLATED)
-    return name, _record_hash(content), str(len(content))
-
-
-def _copy_raw(
-    archive: zipfile.ZipFile, info: zipfile.ZipInfo, out: zipfile.ZipFile, name: str
-) -> None:
-    """Append a member's compressed bytes unchanged, under `name`.
-
-    zipfile has no public raw copy, so this writes the local header through
-    `ZipInfo.FileHeader` and registers the entry the way `ZipFile.writestr`
-    does; `close()` then writes the central directory from it. The data moves
-    file to file inside the kernel (`copy_file_range`), never through Python.
-    """
-    source = archive.fp
-    assert source is not None and out.fp is not None
-    source.seek(info.header_offset)
-    header = _LOCAL_HEADER.unpack(source.read(_LOCAL_HEADER.size))
-    if header[0] != _LOCAL_HEADER_SIGNATURE:
-        raise OverlayError(f"corrupted wheel: bad local header for {info.filename}")
-    data_offset = info.header_offset + _LOCAL_HEADER.size + header[-2] + header[-1]
-    copy = zipfile.ZipInfo(name, date_time=info.date_time)
-    copy.compress_type = info.compress_type
-    copy.external_attr = info.external_attr
-    copy.create_system = info.create_system
-    copy.flag_bits = info.flag_bits & ~_DATA_DESCRIPTOR_FLAG
-    copy.CRC = info.CRC
-    copy.compress_size = info.compress_size
-    copy.file_size = info.file_size
-    out.fp.seek(out.start_dir)
-    copy.header_offset = out.fp.tell()
-    local_header = copy.FileHeader(None)
-    out.fp.write(local_header)
-    _copy_range(source.fileno(), data_offset, out.fp.fileno(), info.compress_size)
-    expected_end = copy.header_offset + len(local_header) + info.compress_size
-    if out.fp.tell() != expected_end:
-        raise OverlayError(f"truncated wheel: {info.filename} is cut short")
-    out.filelist.append(copy)
-    out.NameToInfo[name] = copy
-    out.start_dir = out.fp.tell()
-    out._didModify = True
-
-
-def _copy_range(source_fd: int, offset: int, target_fd: int, size: int) -> None:
-    """Copy `size` bytes at `offset` of `source_fd` to `target_fd`'s position.
-
-    Stops early at the end of the source; the caller checks the length.
-    """
-    while size > 0:
-        try:
-            copied = os.copy_file_range(source_fd, target_fd, size, offset)
-        except OSError as exc:
-            if exc.errno not in _NO_COPY_FILE_RANGE:
-                raise
-            copied = os.write(
-                target_fd, os.pread(source_fd, min(size, 1 << 24), offset)
-            )
-        if copied == 0:
-            return
-        offset += copied
-        size -= copied
+    return name, record_hash(content), str(len(content))
 
 
 def _assert_unchanged_members_identical(
@@ -373,3 +289,21 @@ def _assert_unchanged_members_identical(
             continue
         if produced.get(name) != (info.CRC, info.file_size):
             raise OverlayError(f"internal error: {name} changed while copying")
+
+
+def build_release(
+    version: str | None,
+    dist: str,
+    out_dir: Path,
+    root: Path | None = None,
+    cache: Path | None = None,
+) -> Path:
+    """Build the patched wheel of a pinned release from its pinned `dist` wheel.
+
+    The series is validated before anything is downloaded, so a defect in it
+    costs no bandwidth.
+    """
+    series = release_series(version, root)
+    wheel = series.release.wheel_for(dist)
+    path = fetch_wheel(series.release, wheel, cache or cache_root())
+    return build_patched_wheel(SourceWheel(path, wheel.sha256, dist), series, out_dir)

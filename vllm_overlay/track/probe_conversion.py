@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.series import PACKAGE_DIR, TESTS_DIR, Patch
-from vllm_overlay.source_overlay import module_name
+from vllm_overlay.runtime.source_overlay import module_name
+from vllm_overlay.series.model import PACKAGE_DIR, TESTS_DIR, Patch
 
 PROBES_DIR = Path("tests") / "probes"
 # The two lines vLLM's `tools/pre_commit/check_spdx_header.py` requires in

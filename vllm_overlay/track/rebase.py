@@ -21,8 +21,9 @@ merge base (a real 3-way merge, which `status` cannot offer from a wheel):
   or `--abort`).
 
 Nothing under `patches/` is written before every patch has been replayed; then
-the TO series directory appears whole (see `export.write_exported`) and the
-history file is replaced in one rename. A merge moves text, not meaning, so
+the TO series directory appears whole (see `refresh.write_exported`), is
+recorded for TO's revision in the pins (`pin.record_series`), and the history
+file is replaced in one rename. A merge moves text, not meaning, so
 `probe_outcome` then runs the probes of both series on TO patched by the new
 series (see `probing.probe_rebased`).
 
@@ -30,7 +31,6 @@ A TO older than FROM is allowed: it backports the series, and says so.
 """
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -40,24 +40,24 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from vllm_overlay import atomic
+from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.export import (
+from vllm_overlay.git import git, git_run
+from vllm_overlay.locations import cache_root, patches_root
+from vllm_overlay.series.loader import load_series, pinned_releases
+from vllm_overlay.series.model import Patch, Series, series_dir
+from vllm_overlay.series.pins import ReleasePin, resolve_release
+from vllm_overlay.track.history import DroppedPatch, append_history
+from vllm_overlay.track.pin import record_series
+from vllm_overlay.track.probing import RebasedProbes, probe_rebased
+from vllm_overlay.track.refresh import export_series, write_exported
+from vllm_overlay.track.scratch_tree import (
     UPSTREAM_TAG,
     commit_identity,
-    export_series,
-    git,
-    git_run,
     materialize,
     pristine_files,
-    write_exported,
 )
-from vllm_overlay.fetch import fetch_sdist_tree, fetch_wheel
-from vllm_overlay.history import DroppedPatch, append_history
-from vllm_overlay.locations import cache_root, patches_root
-from vllm_overlay.pins import ReleasePin, resolve_release
-from vllm_overlay.probing import RebasedProbes, probe_rebased
-from vllm_overlay.release import pinned_releases
-from vllm_overlay.series import Patch, Series, load_series, series_dir
 
 STATE_DIR = Path(".vllm-overlay") / "rebase"
 TARGET_TAG = "upstream-to"
@@ -248,13 +248,7 @@ def _check_work_tree(root: Path) -> None:
     maintainer has not committed is overwritten."""
     if not root.is_dir():
         raise OverlayError(f"{root} does not exist: no series work tree to write into")
-    proc = subprocess.run(
-        ["git", "status", "--porcelain", "--", "."],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = git_run(root, "status", "--porcelain", "--", ".", user_config=True)
     if proc.returncode != 0:
         raise OverlayError(
             f"{root} is not in a git work tree; rebase writes the new series "
@@ -501,8 +495,9 @@ def _drop(state: RebaseState, name: str, reason: str) -> None:
 
 
 def _finish(state: RebaseState, root: Path) -> RebaseOutcome:
-    """Write the TO series and append the dropped patches to the history;
-    the state goes last, so a failure here can be resumed."""
+    """Write the TO series, record it for TO's revision (`pin.record_series`)
+    and append the dropped patches to the history; the state goes last, so a
+    failure here can be resumed."""
     repo = state_dir(root) / "repo"
     exported = export_series(
         repo,
@@ -513,6 +508,7 @@ def _finish(state: RebaseState, root: Path) -> RebaseOutcome:
         allow_empty=True,
     )
     directory, _ = write_exported(exported, state.to_release, root)
+    record_series(state.to_release, root)
     outcome = _outcome(state, root, directory=directory)
     append_history(root, outcome.dropped)
     shutil.rmtree(state_dir(root))
@@ -573,10 +569,9 @@ def _load(root: Path) -> tuple[RebaseState, Path]:
 
 def _save(state: RebaseState, root: Path) -> None:
     """Write the state in one rename, so an interrupted run leaves the old one."""
-    path = state_dir(root) / _STATE_FILE
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text(json.dumps(asdict(state), indent=2) + "\n", encoding="utf-8")
-    os.replace(scratch, path)
+    atomic.write_text(
+        state_dir(root) / _STATE_FILE, json.dumps(asdict(state), indent=2) + "\n"
+    )
 
 
 def _git_run(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -17,12 +17,21 @@ MANIFEST_PATH = "vllm/_overlay_series.json"
 MANIFEST_FORMAT = 1
 
 
-def installed_vllm_dir() -> Path:
-    """The directory of the importable `vllm` package."""
+def vllm_package_dir() -> Path | None:
+    """The directory of the `vllm` package that `import vllm` would load,
+    found without importing it; None when there is none."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
-        raise OverlayError("vLLM is not installed in this environment")
+        return None
     return Path(next(iter(spec.submodule_search_locations)))
+
+
+def installed_vllm_dir() -> Path:
+    """`vllm_package_dir`, or an `OverlayError` when vLLM is not installed."""
+    package_dir = vllm_package_dir()
+    if package_dir is None:
+        raise OverlayError("vLLM is not installed in this environment")
+    return package_dir
 
 
 def read_installed_manifest() -> dict[str, Any] | None:

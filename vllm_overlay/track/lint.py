@@ -1,8 +1,9 @@
 """`vllm-overlay lint`: every defect of every series, in one run.
 
-Besides each series' own files (see `series.series_problems`), the recorded
-verdicts and the history of dropped patches, it checks what ties them to the
-rest of the checkout:
+A registry of rules (`RULES`), like the doctor's: each a function from the
+checkout to one-line problems. Besides each series' own files (see
+`series.checks.series_problems`), the recorded verdicts and the history of
+dropped patches, it checks what ties them to the rest of the checkout:
 
 - every test under `tests/probes/` is the `Probe:` of some patch of some
   series, or is listed in `tests/probes/kept.toml` with the reason it is kept
@@ -23,51 +24,79 @@ stderr as skipped; it is not a problem.
 import ast
 import sys
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay.applier import apply_series
+from vllm_overlay.build.applier import apply_series
+from vllm_overlay.build.fetch import cached_sdist_tree
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.export import git_run
-from vllm_overlay.fetch import cached_sdist_tree
-from vllm_overlay.history import (
+from vllm_overlay.git import git_run
+from vllm_overlay.locations import PINS_FILE, cache_root
+from vllm_overlay.series.checks import series_problems
+from vllm_overlay.series.loader import load_series
+from vllm_overlay.series.model import (
+    PACKAGE_DIR,
+    PATCH_SUFFIX,
+    SERIES_FILE,
+    TESTS_DIR,
+    parse_patch,
+    series_dir,
+)
+from vllm_overlay.series.pins import ReleasePin, load_pins
+from vllm_overlay.track.history import (
     HISTORY_FILE,
     history_changes,
     parse_history,
     read_history,
 )
-from vllm_overlay.locations import cache_root
-from vllm_overlay.pins import ReleasePin, load_pins
-from vllm_overlay.release import PINS_FILE
-from vllm_overlay.series import (
-    PACKAGE_DIR,
-    PATCH_SUFFIX,
-    SERIES_FILE,
-    TESTS_DIR,
-    load_series,
-    parse_patch,
-    series_dir,
-    series_problems,
-)
-from vllm_overlay.verdicts import read_verdicts
+from vllm_overlay.track.verdicts import read_verdicts
 
 PROBES_DIR = Path("tests") / "probes"
 KEPT_FILE = PROBES_DIR / "kept.toml"
 
 
+@dataclass(frozen=True)
+class Checkout:
+    """What every rule reads: the series tree, the pins, the series
+    directories present, and the cache holding the releases' sources."""
+
+    patches_root: Path
+    pins: dict[str, ReleasePin]
+    directories: tuple[Path, ...]
+    cache: Path
+
+    @property
+    def repo_root(self) -> Path:
+        return self.patches_root.parent
+
+
+Rule = Callable[[Checkout], list[str]]
+
+
 def lint(patches_root: Path, cache: Path | None = None) -> list[str]:
     """One-line problems: pins, series files, patch files, trailers, probes,
     the tests no patch cites, the history of dropped patches, the recorded
-    verdicts, and each series against its release's cached sources."""
+    verdicts, and each series against its release's cached sources; every
+    rule of `RULES`, in order."""
     try:
         pins = load_pins(patches_root / PINS_FILE)
     except OverlayError as exc:
         return [str(exc)]
+    directories = sorted(d for d in (patches_root / "vllm").glob("v*") if d.is_dir())
+    checkout = Checkout(patches_root, pins, tuple(directories), cache or cache_root())
+    return [problem for rule in RULES for problem in rule(checkout)]
+
+
+def series_files(checkout: Checkout) -> list[str]:
+    """Each pinned release's series directory and each series directory's
+    release, and every defect of each series' own files
+    (`series.checks.series_problems`)."""
     problems = []
-    for version in pins:
-        directory = series_dir(patches_root, version)
+    for version in checkout.pins:
+        directory = series_dir(checkout.patches_root, version)
         if not directory.exists():
             # Between pinning a release and rebasing onto it (README,
             # "Rebasing onto a new release"): a normal state, not a problem.
@@ -79,20 +108,21 @@ def lint(patches_root: Path, cache: Path | None = None) -> list[str]:
             problems.append(
                 f"{directory}: vLLM {version}'s series has no {SERIES_FILE}"
             )
-    directories = sorted(d for d in (patches_root / "vllm").glob("v*") if d.is_dir())
-    for directory in directories:
-        if directory.name[1:] not in pins:
+    for directory in checkout.directories:
+        if directory.name[1:] not in checkout.pins:
             problems.append(f"{directory}: release {directory.name[1:]} is not pinned")
-        problems.extend(series_problems(directory, patches_root.parent))
-    problems.extend(uncited_tests(patches_root.parent, directories))
+        problems.extend(series_problems(directory, checkout.repo_root))
+    return problems
+
+
+def recorded_files(checkout: Checkout) -> list[str]:
+    """The history of dropped patches and the recorded verdicts parse."""
+    problems = []
     for reader in (read_history, read_verdicts):
         try:
-            reader(patches_root)
+            reader(checkout.patches_root)
         except OverlayError as exc:
             problems.append(str(exc))
-    problems.extend(history_edits(patches_root))
-    problems.extend(revision_problems(patches_root, pins))
-    problems.extend(application_problems(patches_root, pins, cache or cache_root()))
     return problems
 
 
@@ -105,14 +135,14 @@ def _skipped(check: str, why: str) -> None:
     _note(f"skipped {check}: {why}")
 
 
-def uncited_tests(repo_root: Path, directories: Iterable[Path]) -> list[str]:
-    """A problem for every test under `tests/probes/` that no patch of the
-    series in `directories` cites and `kept.toml` does not list, and for
-    every entry of `kept.toml` that names no test or a cited one."""
-    tests, problems = probe_tests(repo_root)
-    kept, kept_problems = _kept_tests(repo_root)
+def uncited_tests(checkout: Checkout) -> list[str]:
+    """A problem for every test under `tests/probes/` that no patch of any
+    series cites and `kept.toml` does not list, and for every entry of
+    `kept.toml` that names no test or a cited one."""
+    tests, problems = probe_tests(checkout.repo_root)
+    kept, kept_problems = _kept_tests(checkout.repo_root)
     problems += kept_problems
-    cited = _cited(directories)
+    cited = _cited(checkout.directories)
     for test in tests:
         if test not in kept and not _citers(cited, test):
             problems.append(
@@ -206,8 +236,9 @@ def _citers(cited: dict[str, set[str]], test: str) -> set[str]:
     return set().union(*(cited.get(prefix, set()) for prefix in prefixes))
 
 
-def history_edits(patches_root: Path) -> list[str]:
+def history_edits(checkout: Checkout) -> list[str]:
     """The history's append-only rule against its copy at git's HEAD."""
+    patches_root = checkout.patches_root
     path = patches_root / HISTORY_FILE
     committed = _committed_history(patches_root)
     if committed is None:
@@ -241,10 +272,11 @@ def _committed_history(patches_root: Path) -> str | None:
     return shown.stdout if shown.returncode == 0 else None
 
 
-def revision_problems(patches_root: Path, pins: dict[str, ReleasePin]) -> list[str]:
+def revision_problems(checkout: Checkout) -> list[str]:
     """A problem for each series that is not the one recorded for its
     release's `revision`. A series not recorded yet (one `rebase` just wrote)
     is named on stderr, not a problem: there is nothing to compare with."""
+    patches_root, pins = checkout.patches_root, checkout.pins
     problems = []
     for version in sorted(pins, key=Version):
         release = pins[version]
@@ -267,13 +299,12 @@ def revision_problems(patches_root: Path, pins: dict[str, ReleasePin]) -> list[s
     return problems
 
 
-def application_problems(
-    patches_root: Path, pins: dict[str, ReleasePin], cache: Path
-) -> list[str]:
+def application_problems(checkout: Checkout) -> list[str]:
     """Each pinned release's series applied, zero fuzz and zero offset, to
     the release's sources in the cache (those the harness and `rebase`
     unpacked from the pinned sdist); a release whose sources are not cached
     is skipped, and said so."""
+    patches_root, pins, cache = checkout.patches_root, checkout.pins, checkout.cache
     problems = []
     for version in sorted(pins, key=Version):
         sources = cached_sdist_tree(pins[version], cache)
@@ -297,3 +328,14 @@ def application_problems(
             except OverlayError as exc:
                 problems.append(f"{exc} (its cached sources {sources})")
     return problems
+
+
+# Every check of `vllm-overlay lint`, in the order its problems are listed.
+RULES: tuple[Rule, ...] = (
+    series_files,
+    uncited_tests,
+    recorded_files,
+    history_edits,
+    revision_problems,
+    application_problems,
+)

@@ -6,7 +6,7 @@ applied where they applied, and gives each patch one verdict:
 
 - "applies exactly": `git apply` places every hunk where the patch says;
 - "applies only with offset": every hunk applies, but some only some lines
-  away; the build refuses that (see `applier.py`), so the patch needs a refresh;
+  away; the build refuses that (see `build/applier.py`), so the patch needs a refresh;
 - "already present": the patch reverse-applies, so upstream has the change;
 - "dropped by rebase": a `Backport <release>` patch that `rebase` onto this
   release drops unseen (`rebase.backport_drop`), so it is not applied either;
@@ -48,23 +48,24 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay.applier import apply_error, git_apply, hunk_problems
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.fetch import (
+from vllm_overlay import atomic
+from vllm_overlay.build.applier import apply_error, git_apply, hunk_problems
+from vllm_overlay.build.fetch import (
     fetch_wheel,
     last_error_line,
     pip_download,
     wheel_members,
 )
+from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.locking import exclusive
-from vllm_overlay.pins import ReleasePin, normalise_version
-from vllm_overlay.probing import probe_verdicts
-from vllm_overlay.rebase import backport_drop
-from vllm_overlay.release import nearest_series, pinned_releases
-from vllm_overlay.series import PACKAGE_DIR, Patch, Series, has_series, load_series
-from vllm_overlay.table import TABLE_FILE, render_table
-from vllm_overlay.verdicts import record_verdicts
+from vllm_overlay.series.loader import load_series, nearest_series, pinned_releases
+from vllm_overlay.series.model import PACKAGE_DIR, Patch, Series, has_series
+from vllm_overlay.series.pins import ReleasePin, normalise_version
+from vllm_overlay.track.probing import probe_verdicts
+from vllm_overlay.track.rebase import backport_drop
+from vllm_overlay.track.table import TABLE_FILE, render_table
+from vllm_overlay.track.verdicts import record_verdicts
 
 EXACT = "applies exactly"
 OFFSET = "applies only with offset"
@@ -362,7 +363,7 @@ def record_status(
         ],
         checked or datetime.date.today().isoformat(),
     )
-    (root.parent / TABLE_FILE).write_text(render_table(root), encoding="utf-8")
+    atomic.write_text(root.parent / TABLE_FILE, render_table(root))
     return sorted({row.release for row in own}, key=Version)
 
 

@@ -8,14 +8,14 @@ entries committed in git are still there, unchanged and first.
 """
 
 import json
-import os
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.series import Patch
+from vllm_overlay.series.model import Patch
 
 HISTORY_FILE = Path("vllm") / "history.toml"
 _HEADER = (
@@ -123,6 +123,4 @@ def append_history(root: Path, dropped: Iterable[DroppedPatch]) -> None:
             f"{key} = {json.dumps(getattr(entry, key), ensure_ascii=False)}\n"
             for key in _KEYS
         )
-    scratch = path.with_name(f".{path.name}.tmp")
-    scratch.write_text(text, encoding="utf-8")
-    os.replace(scratch, path)
+    atomic.write_text(path, text)

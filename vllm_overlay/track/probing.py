@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from vllm_overlay.fetch import last_error_line
+from vllm_overlay.build.fetch import last_error_line
 from vllm_overlay.locations import REPO_ROOT
-from vllm_overlay.series import Series
+from vllm_overlay.series.model import Series
 
 STILL_NEEDED = "still needed"
 EQUIVALENT = "upstream-equivalent"
@@ -33,7 +33,7 @@ PRISTINE_PLUGIN = "vllm_overlay.testing.pristine"
 WORKTREE_PLUGIN = "vllm_overlay.testing.worktree"
 
 _INSTALLED_RELEASE = (
-    "from vllm_overlay.manifest import read_installed_manifest\n"
+    "from vllm_overlay.series.manifest import read_installed_manifest\n"
     "print((read_installed_manifest() or {}).get('release', ''))\n"
 )
 

