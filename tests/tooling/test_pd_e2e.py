@@ -1,26 +1,27 @@
-"""The pure helpers of the P/D end-to-end suite (`ci/pd_e2e.py`): reading a
-decode server's `/metrics`, reading completions, comparing them with the
-reference, and the verdicts. The servers themselves run in `tools/test.sh`."""
+"""The pure parts of the P/D end-to-end suite (`ci/pd_e2e.py`, `ci/pd/`):
+reading a decode server's `/metrics`, reading completions, comparing them
+with the reference, and the verdicts. The servers themselves run in
+`tools/test.sh`."""
 
 import math
+from http.client import IncompleteRead
+from types import SimpleNamespace
 
 import pytest
 
-from ci.pd_e2e import (
-    MULTI_CASE,
-    PLAIN_CASE,
-    Completion,
-    DecodeCounts,
+from ci.pd import pair as pair_module
+from ci.pd.cases import (
+    CASE_BY_KEY,
+    CASES,
+    UNIFY_REFUSAL,
     Run,
     checks,
-    compare,
-    compare_runs,
-    decode_counts,
-    make_prompts,
-    metric_sum,
-    parse_completion,
-    parse_metrics,
+    compare_with_references,
+    connector_name,
 )
+from ci.pd.completions import Completion, compare, make_prompts, parse_completion
+from ci.pd.metrics import DecodeCounts, decode_counts, metric_sum, parse_metrics
+from ci.pd.pair import DROP_IN, PATCHED, UNPATCHED, Layout, Pair, serve_command
 from vllm_overlay.errors import OverlayError
 
 # Shaped like vLLM 0.32.0's exposition: HELP/TYPE comments, counters with
@@ -39,12 +40,15 @@ vllm:prompt_tokens_by_source_total{engine="0",source="local_cache_hit"} 1280.0
 vllm:prompt_tokens_by_source_total{engine="0",source="external_kv_transfer"} 1719.0
 vllm:nixl_bytes_transferred_sum{engine="0",model_name="m"} 2.5e+06
 vllm:nixl_bytes_transferred_count{engine="0",model_name="m"} 2.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 1.5
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 3.0
 process_open_fds 31.0
 """
 
 
 def test_metrics_are_read_with_their_labels() -> None:
     samples = parse_metrics(METRICS)
+    assert len(samples) == 14
     assert ("process_open_fds", {}, 31.0) in samples
     name, labels, value = samples[0]
     assert name == "vllm:prefix_cache_queries_total"
@@ -59,12 +63,12 @@ def test_metrics_are_read_with_their_labels() -> None:
 
 def test_escaped_quotes_stay_inside_a_label_value() -> None:
     [(_, labels, value)] = parse_metrics('m{a="x\\"y,z",b="2"} 5 1700000000\n')
-    assert labels == {"a": 'x\\"y,z', "b": "2"}
+    assert labels == {"a": 'x"y,z', "b": "2"}
     assert value == 5.0
 
 
 def test_a_line_without_a_value_is_refused() -> None:
-    with pytest.raises(OverlayError, match="without a value"):
+    with pytest.raises(OverlayError, match="unreadable /metrics"):
         parse_metrics('vllm:prompt_tokens_total{engine="0"}\n')
 
 
@@ -79,6 +83,14 @@ def test_decode_counts_are_what_the_run_added() -> None:
     assert counts.prefix_hits == 1280
     assert counts.external_hits == 281
     assert counts.prefix_queries == counts.computed == counts.nixl_bytes == 0
+    assert counts.requests == 0
+    later = parse_metrics(
+        METRICS.replace("} 1.5", "} 2.5").replace(
+            '_count{engine="0",model_name="m"} 3.0',
+            '_count{engine="0",model_name="m"} 5.0',
+        )
+    )
+    assert decode_counts(before, later).mean_ttft_s == pytest.approx(0.5)
 
 
 ANSWER = {
@@ -148,63 +160,238 @@ def test_prompts_share_their_prefix_and_nothing_else() -> None:
     assert make_prompts(count=3, prefix=50, length=60, seed=1) == prompts
 
 
-def counts(reused: int, pulled: int) -> DecodeCounts:
-    return DecodeCounts(reused, pulled, 4, 6000, reused, 6000 - reused, pulled, 0)
+def counts(reused: int, pulled: int, computed: int = 4) -> DecodeCounts:
+    return DecodeCounts(
+        reused, pulled, computed, 6000, reused, 6000 - reused, pulled, 0, 1.0, 4
+    )
 
 
 REFERENCE = [completion(1, 2), completion(3, 4)]
+HYBRID_REFERENCE = REFERENCE
+# The non-hybrid and the Mamba2 hybrid: float32, where P/D equals one server.
+OTHER_REFERENCE = [completion(5, 6), completion(7, 8)]
 
 
-def runs(patched_multi_reused: int = 3840, patched_multi_output=None) -> list[Run]:
-    """The four runs as the suite makes them, compared with `REFERENCE`; the
-    unpatched MultiConnector run differs from it in request 1 (reported, not
-    failed on: that is upstream's)."""
-    made = [
-        Run("unpatched", PLAIN_CASE, counts(3840, 2156), list(REFERENCE)),
-        Run("unpatched", MULTI_CASE, counts(0, 5996), [REFERENCE[0], completion(3, 5)]),
-        Run("patched", PLAIN_CASE, counts(3840, 2156), list(REFERENCE)),
-        Run(
-            "patched",
-            MULTI_CASE,
-            counts(patched_multi_reused, 2156),
-            patched_multi_output or list(REFERENCE),
+def runs(**changes: Run) -> list[Run]:
+    """Every run of a clean suite, keyed `build/case` in `changes` to replace
+    one; compared with the references. The unpatched MultiConnector run
+    differs from its single server in request 1 (reported, not failed on:
+    that is upstream's P/D on a bfloat16 hybrid)."""
+    hybrid_multi = CASE_BY_KEY["hybrid-multi"]
+    made = {
+        "unpatched/hybrid-nixl": Run(
+            UNPATCHED, CASE_BY_KEY["hybrid-nixl"], counts(3456, 2540), list(REFERENCE)
         ),
-    ]
-    compare_runs(REFERENCE, made)
-    return made
+        "patched/hybrid-nixl": Run(
+            PATCHED, CASE_BY_KEY["hybrid-nixl"], counts(3456, 2540), list(REFERENCE)
+        ),
+        "unpatched/hybrid-multi": Run(
+            UNPATCHED,
+            hybrid_multi,
+            counts(0, 5996),
+            [REFERENCE[0], completion(3, 5)],
+        ),
+        "patched/hybrid-multi": Run(
+            PATCHED, hybrid_multi, counts(3456, 2540), list(REFERENCE)
+        ),
+        "drop-in/hybrid-multi": Run(
+            DROP_IN, hybrid_multi, counts(3456, 2540), list(REFERENCE)
+        ),
+        "unpatched/hybrid-lmcache": Run(
+            UNPATCHED,
+            CASE_BY_KEY["hybrid-lmcache"],
+            error="decode never became ready",
+            log=f"ValueError: {UNIFY_REFUSAL}.",
+        ),
+        "patched/hybrid-lmcache": Run(
+            PATCHED, CASE_BY_KEY["hybrid-lmcache"], counts(3456, 2540), list(REFERENCE)
+        ),
+    }
+    for key in ("dense-multi", "mamba2-multi"):
+        for build in (UNPATCHED, PATCHED):
+            made[f"{build}/{key}"] = Run(
+                build, CASE_BY_KEY[key], counts(0, 5996), list(OTHER_REFERENCE)
+            )
+    made.update(changes)
+    compare_with_references(
+        {
+            "tiny-qwen3.5": HYBRID_REFERENCE,
+            "tiny-llama": OTHER_REFERENCE,
+            "tiny-nemotron-h": OTHER_REFERENCE,
+        },
+        list(made.values()),
+    )
+    return list(made.values())
 
 
-def test_patched_reuse_and_unpatched_re_pull_pass() -> None:
+def failed(made: list[Run]) -> list[str]:
+    return [check.name for check in checks(made) if not check.ok]
+
+
+def test_a_clean_suite_passes_with_every_verdict() -> None:
     made = runs()
     results = checks(made)
-    assert all(r.ok for r in results), results
+    assert all(r.ok for r in results), [str(r) for r in results if not r.ok]
     names = [r.name for r in results]
+    assert "unpatched: MultiConnector re-pulls the local prefix (control)" in names
+    assert "drop-in: vllm-overlay serve counts what the patched build counts" in names
+    assert (
+        "unpatched: tiny-qwen3.5: MultiConnector[NixlConnector, LMCacheConnectorV1] "
+        "refused at start-up (control)"
+    ) in names
     assert not any(n.startswith("unpatched") and "output" in n for n in names)
-    assert "unpatched: MultiConnector re-pulls (control)" in names
-    assert made[1].differing == (1,)
-    assert made[3].upstream_differing == ()
+    # Every build that is not upstream is compared with upstream's P/D.
+    assert sum("output = upstream P/D" in n for n in names) == 6
+    assert made[2].differing == (1,)
 
 
 def test_a_patched_multi_connector_that_re_pulls_fails() -> None:
-    failed = [r for r in checks(runs(patched_multi_reused=0)) if not r.ok]
-    assert [r.name for r in failed] == [
-        "patched: MultiConnector reuses the local prefix"
+    made = runs(
+        **{
+            "patched/hybrid-multi": Run(
+                PATCHED, CASE_BY_KEY["hybrid-multi"], counts(0, 5996), list(REFERENCE)
+            )
+        }
+    )
+    assert failed(made) == [
+        "patched: MultiConnector reuses the local prefix as NixlConnector does",
+        "drop-in: vllm-overlay serve counts what the patched build counts",
+    ]
+
+
+def test_an_unpatched_multi_connector_that_reuses_fails_the_control() -> None:
+    made = runs(
+        **{
+            "unpatched/hybrid-multi": Run(
+                UNPATCHED, CASE_BY_KEY["hybrid-multi"], counts(3456, 2540), REFERENCE
+            )
+        }
+    )
+    assert failed(made) == [
+        "unpatched: MultiConnector re-pulls the local prefix (control)"
     ]
 
 
 def test_a_patched_output_difference_fails() -> None:
     changed = [completion(1, 2), completion(3, 9)]
-    failed = [r for r in checks(runs(patched_multi_output=changed)) if not r.ok]
-    assert [r.name for r in failed] == [f"patched: {MULTI_CASE}: output = upstream P/D"]
-    assert "differs in requests [1]" in failed[0].detail
+    made = runs(
+        **{
+            "drop-in/hybrid-multi": Run(
+                DROP_IN, CASE_BY_KEY["hybrid-multi"], counts(3456, 2540), changed
+            )
+        }
+    )
+    results = [r for r in checks(made) if not r.ok]
+    assert [r.name for r in results] == [
+        "drop-in: tiny-qwen3.5: MultiConnector[NixlConnector, "
+        "DecodeBenchConnector]: output = upstream P/D"
+    ]
+    assert "differs in requests [1]" in results[0].detail
+
+
+def test_an_out_of_scope_model_that_counts_otherwise_fails() -> None:
+    made = runs(
+        **{
+            "patched/dense-multi": Run(
+                PATCHED, CASE_BY_KEY["dense-multi"], counts(0, 5995, 5), OTHER_REFERENCE
+            )
+        }
+    )
+    assert failed(made) == [
+        "patched: the non-hybrid counts what upstream counts (scope)"
+    ]
+
+
+def test_an_lmcache_case_that_upstream_starts_fails_the_control() -> None:
+    made = runs(
+        **{
+            "unpatched/hybrid-lmcache": Run(
+                UNPATCHED,
+                CASE_BY_KEY["hybrid-lmcache"],
+                error="decode never became ready",
+                log="RuntimeError: something else",
+            )
+        }
+    )
+    [result] = [r for r in checks(made) if not r.ok]
+    assert result.name.endswith("refused at start-up (control)")
+    assert "failed otherwise: decode never became ready" in result.detail
 
 
 def test_without_an_upstream_run_a_patched_run_cannot_pass() -> None:
-    made = runs()
-    made[0] = Run("unpatched", PLAIN_CASE, error="decode never became ready")
-    compare_runs(REFERENCE, made)
-    failed = [r for r in checks(made) if not r.ok]
-    assert [r.detail for r in failed] == ["decode never became ready"] + [
-        "no unpatched NixlConnector run to compare with"
-    ] * 2
+    made = runs(
+        **{
+            "unpatched/hybrid-nixl": Run(
+                UNPATCHED, CASE_BY_KEY["hybrid-nixl"], error="decode never became ready"
+            )
+        }
+    )
+    results = [r for r in checks(made) if not r.ok]
+    assert [r.detail for r in results] == ["decode never became ready"] + [
+        "no unpatched hybrid-nixl run to compare with"
+    ] * 4
     assert math.isnan(made[0].min_gap)
+
+
+def test_every_case_names_its_connectors_and_runs_unpatched() -> None:
+    assert connector_name(CASE_BY_KEY["hybrid-lmcache"].decode) == (
+        "MultiConnector[NixlConnector, LMCacheConnectorV1]"
+    )
+    assert all(UNPATCHED in case.builds for case in CASES)
+    assert len({case.key for case in CASES}) == len(CASES)
+
+
+def test_the_drop_in_runs_vllm_overlay_serve_and_the_others_vllm_serve(
+    tmp_path,
+) -> None:
+    layout = Layout(
+        envs={b: tmp_path / b for b in (UNPATCHED, PATCHED, DROP_IN)},
+        models={"m": tmp_path / "m"},
+        proxy=tmp_path / "proxy.py",
+        logs=tmp_path,
+        vllm_cache=tmp_path,
+    )
+    drop_in = serve_command(layout, DROP_IN, "m", 8000, None, prefix_caching=False)
+    assert drop_in[:2] == [str(tmp_path / DROP_IN / "bin" / "vllm-overlay"), "serve"]
+    assert "--no-enable-prefix-caching" in drop_in
+    assert "--kv-transfer-config" not in drop_in
+    patched = serve_command(layout, PATCHED, "m", 8000, {"kv_connector": "X"})
+    assert patched[:2] == [str(tmp_path / PATCHED / "bin" / "vllm"), "serve"]
+    assert patched[-2:] == ["--kv-transfer-config", '{"kv_connector": "X"}']
+
+
+def fake_pair(tmp_path) -> Pair:
+    server = SimpleNamespace(log=tmp_path / "decode.log")
+    return Pair(server, 1, server, 2, server, 3)  # type: ignore[arg-type]
+
+
+def test_a_slow_first_handshake_is_retried(monkeypatch, tmp_path) -> None:
+    answers = iter([IncompleteRead(b""), OSError("HTTP 500"), None])
+
+    def complete(port, model, prompt):
+        answer = next(answers)
+        if answer is not None:
+            raise answer
+        assert (port, prompt) == (3, pair_module.HANDSHAKE_PROMPT)
+
+    monkeypatch.setattr(pair_module, "complete", complete)
+    monkeypatch.setattr(pair_module.time, "sleep", lambda s: None)
+    pair_module.shake_hands(fake_pair(tmp_path), tmp_path)
+    assert next(answers, "done") == "done"
+
+
+def test_a_pair_whose_handshake_keeps_failing_is_an_error(
+    monkeypatch, tmp_path
+) -> None:
+    def complete(port, model, prompt):
+        raise IncompleteRead(b"")
+
+    monkeypatch.setattr(pair_module, "complete", complete)
+    monkeypatch.setattr(pair_module.time, "sleep", lambda s: None)
+    with pytest.raises(OverlayError, match="first request failed 3 times"):
+        pair_module.shake_hands(fake_pair(tmp_path), tmp_path)
+
+
+def test_the_handshake_prompt_shares_no_block_with_the_suite() -> None:
+    prompts = make_prompts()
+    assert all(pair_module.HANDSHAKE_PROMPT[:16] != prompt[:16] for prompt in prompts)

@@ -1,0 +1,315 @@
+"""The GPU end-to-end driver: what the CPU suite (`ci/pd_e2e.py`) cannot run,
+for users' GPU runners (`.github/workflows/ci.yml`, job `gpu`).
+
+It builds the release's patched CUDA wheel with the builder `tools/apply.sh`
+uses, makes one environment under `<cache>/gpu-e2e/<release>/` (the pinned,
+verified `vllm` wheel with its dependencies from the index, lmcache 0.5.6 and
+NIXL 1.4.1), runs every case on the unpatched release, installs the patched
+wheel over it with `--no-deps` as README tells users, and runs them again,
+with the tiny random-weight models of `ci/tiny_model.py`:
+
+1. `pd-offload`: P/D of the tiny Qwen3.5 hybrid behind upstream's toy proxy,
+   the decode side behind MultiConnector[NixlConnector, OffloadingConnector]
+   (`kv_buffer_device: cuda`), the layout the P/D decode patch is for, with
+   plain NixlConnector as the yardstick: the patched build reuses the local
+   prefix as NixlConnector does, the unpatched one re-pulls it, and every
+   patched output equals the unpatched NixlConnector run's.
+2. `lmcache-hybrid`: one server of the hybrid with LMCacheConnectorV1 in
+   process (lmcache 0.5.6, CPU backend): upstream refuses it at start-up;
+   patched it starts, gets zero external hits on a repeated prompt, and
+   answers exactly as the patched build without a connector.
+3. `lmcache-sliding`: the same with the tiny Gemma 3 (sliding-window and
+   full attention, no recurrent state): out of the LMCache patch's scope, so
+   both builds get external hits on the repeated prompt, the same counts and
+   the same output as without a connector.
+4. For every single-server case, the time to first token of the repeated
+   prompt, with and without the connector, from `/metrics`.
+
+Nothing here runs without an NVIDIA GPU: it says so and exits 0 (exit 1 with
+`--require-gpu`, for a GPU runner). LMCacheMPConnector with an LMCache MP
+server is not covered yet. This driver has never run on a GPU in this
+project's CI (no GPU there); README says what was run where.
+
+Usage: python ci/gpu_e2e.py [RELEASE] [--require-gpu]
+"""
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from http.client import HTTPException
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ci.pd.cases import TABLE_HEADER, UNIFY_REFUSAL, Case, Check, checks, multi
+from ci.pd.completions import Completion, complete, make_prompts
+from ci.pd.metrics import DecodeCounts, decode_counts, scrape, settled_metrics
+from ci.pd.pair import PATCHED, UNPATCHED, Layout, start_vllm, wait_all
+from ci.pd_e2e import TOY_PROXY, run_case
+from ci.tiny_model import ensure_tiny_model
+from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
+from vllm_overlay.build.wheel import build_release
+from vllm_overlay.errors import OverlayError, report_error
+from vllm_overlay.locations import cache_root
+from vllm_overlay.series.loader import pinned_releases, release_series
+
+HYBRID, SLIDING = "tiny-qwen3.5", "tiny-gemma3"
+NIXL_GPU: dict[str, object] = {
+    "kv_connector": "NixlConnector",
+    "kv_role": "kv_both",
+    "kv_buffer_device": "cuda",
+}
+# OffloadingConnector's CPU tier (v1/kv_offload/cpu/spec.py:96-99 in 0.32.0:
+# `cpu_bytes_to_use` is required).
+OFFLOADING: dict[str, object] = {
+    "kv_connector": "OffloadingConnector",
+    "kv_role": "kv_both",
+    "kv_connector_extra_config": {"cpu_bytes_to_use": 2 << 30},
+}
+LMCACHE: dict[str, object] = {
+    "kv_connector": "LMCacheConnectorV1",
+    "kv_role": "kv_both",
+}
+# lmcache 0.5.6's in-process CPU backend (lmcache/v1/config.py:90-96).
+LMCACHE_ENV = {
+    "LMCACHE_CHUNK_SIZE": "256",
+    "LMCACHE_LOCAL_CPU": "True",
+    "LMCACHE_MAX_LOCAL_CPU_SIZE": "2",
+}
+LMCACHE_INERT = "LMCacheConnectorV1 loads and saves nothing for this hybrid model"
+# Two servers share the GPU in the P/D case.
+GPU_SERVE_ARGS = ("--gpu-memory-utilization", "0.3", "--max-model-len", "2048")
+PD_CASES = (
+    Case("hybrid-nixl", HYBRID, NIXL_GPU),
+    Case("hybrid-multi", HYBRID, multi(NIXL_GPU, OFFLOADING), upstream="hybrid-nixl"),
+)
+REQUIREMENTS = Path(__file__).resolve().parent
+
+
+def has_gpu() -> str:
+    """Why this machine cannot run the GPU cases ("" when it can)."""
+    if shutil.which("nvidia-smi") is None:
+        return "no nvidia-smi on PATH"
+    proc = subprocess.run(
+        ["nvidia-smi", "-L"], capture_output=True, text=True, check=False
+    )
+    if proc.returncode or "GPU" not in proc.stdout:
+        return f"nvidia-smi lists no GPU ({proc.stdout.strip() or proc.stderr.strip()})"
+    return ""
+
+
+def _pip(venv: Path, *args: str) -> None:
+    python = str(venv / "bin" / "python")
+    proc = subprocess.run([python, "-m", "pip", "--quiet", *args], check=False)
+    if proc.returncode:
+        raise OverlayError(f"pip {' '.join(args[:3])} failed in {venv}")
+
+
+def ensure_env(release: str, cache: Path) -> Path:
+    """`<cache>/gpu-e2e/<release>/venv`: the pinned, verified `vllm` wheel
+    with its dependencies from the index, lmcache 0.5.6 (with its own
+    dependencies: on a GPU they are the real ones) and NIXL 1.4.1 the way
+    the CPU environments get it (`ci/nixl-requirements.txt`)."""
+    pin = pinned_releases()[release]
+    venv = cache / "gpu-e2e" / release / "venv"
+    if not (venv / "bin" / "vllm").exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        wheel = fetch_wheel(pin, pin.wheel_for("vllm"), cache)
+        _pip(venv, "install", str(wheel), "lmcache==0.5.6")
+        nixl = str(REQUIREMENTS / "nixl-requirements.txt")
+        _pip(venv, "install", "--no-deps", "--require-hashes", "-r", nixl)
+    return venv
+
+
+def install(venv: Path, wheel: Path) -> None:
+    """Put `wheel` in place of the installed vLLM, as README tells users."""
+    _pip(venv, "install", "--no-deps", "--force-reinstall", str(wheel))
+
+
+@dataclass
+class Single:
+    """One single-server run: the repeated prompt's answers and counts."""
+
+    completions: list[Completion]
+    first: DecodeCounts
+    repeat: DecodeCounts
+
+
+def run_single(
+    layout: Layout,
+    build: str,
+    model: str,
+    kv_config: dict[str, object] | None,
+    prompt: list[int],
+    name: str,
+) -> Single:
+    """`prompt` twice through one fresh server; what `/metrics` counted for
+    each request."""
+    with ExitStack() as stack:
+        server, port = start_vllm(stack, layout, build, model, name, kv_config)
+        wait_all([(server, port, "/health")])
+        path = layout.models[model]
+        before = scrape(port)
+        first = complete(port, path, prompt)
+        middle = settled_metrics(port, before, len(prompt))
+        second = complete(port, path, prompt)
+        after = settled_metrics(port, middle, len(prompt))
+        server.stop()
+    return Single(
+        [first, second], decode_counts(before, middle), decode_counts(middle, after)
+    )
+
+
+def single_runs(
+    layout: Layout, build: str, prompt: list[int]
+) -> dict[tuple[str, str, bool], Single | str]:
+    """Each single-server case on `build`, with and without LMCache; a run
+    that failed gives its log and error instead."""
+    runs: dict[tuple[str, str, bool], Single | str] = {}
+    for model in (HYBRID, SLIDING):
+        for connector in (False, True):
+            name = f"{build}-single-{model}-{'lmcache' if connector else 'plain'}"
+            config = LMCACHE if connector else None
+            try:
+                runs[build, model, connector] = run_single(
+                    layout, build, model, config, prompt, name
+                )
+            except (OSError, HTTPException, OverlayError) as exc:
+                log = (layout.logs / f"{name}.log").read_text(errors="replace")
+                runs[build, model, connector] = f"{log}\n{exc}"
+    return runs
+
+
+def judge_single(
+    model: str, runs: dict[tuple[str, str, bool], Single | str]
+) -> list[Check]:
+    """The verdicts of one model's single-server runs (see the docstring)."""
+    plain, lm = runs[PATCHED, model, False], runs[PATCHED, model, True]
+    upstream = runs[UNPATCHED, model, True]
+    out = []
+    if model == HYBRID:
+        out.append(
+            Check(
+                "gpu: unpatched LMCacheConnectorV1 on a hybrid refused (control)",
+                isinstance(upstream, str) and UNIFY_REFUSAL in upstream,
+                "refused" if isinstance(upstream, str) else "it started",
+            )
+        )
+    for label, run in (
+        ("patched, no connector", plain),
+        ("patched, LMCacheConnectorV1", lm),
+    ):
+        if isinstance(run, str):
+            return [*out, Check(f"gpu: {model}: {label}", False, run[-300:])]
+    hits = lm.repeat.external_hits
+    ttft = (
+        f"repeat TTFT {lm.repeat.mean_ttft_s * 1e3:.1f} ms, "
+        f"{plain.repeat.mean_ttft_s * 1e3:.1f} ms without"
+    )
+    out.append(
+        Check(
+            f"gpu: {model}: LMCache output = no connector",
+            lm.completions == plain.completions,
+            ttft,
+        )
+    )
+    if model == HYBRID:
+        out.append(
+            Check(
+                f"gpu: {model}: zero LMCache hits (inert)",
+                hits == 0,
+                f"{hits} external hits",
+            )
+        )
+    else:
+        out.append(
+            Check(
+                f"gpu: {model}: LMCache hits on the repeat",
+                hits > 0,
+                f"{hits} external hits",
+            )
+        )
+        if not isinstance(upstream, str):
+            out.append(
+                Check(
+                    f"gpu: {model}: LMCache counts as upstream (scope)",
+                    lm.repeat.same_tokens(upstream.repeat)
+                    and lm.completions == upstream.completions,
+                    f"{hits} vs {upstream.repeat.external_hits} external hits",
+                )
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "release", nargs="?", help="a pinned release (default: the newest)"
+    )
+    parser.add_argument(
+        "--require-gpu",
+        action="store_true",
+        help="fail instead of skipping without a GPU",
+    )
+    args = parser.parse_args(argv)
+    missing = has_gpu()
+    if missing:
+        print(f"vllm-overlay: GPU end to end skipped: {missing}; no GPU case ran")
+        return 1 if args.require_gpu else 0
+    started = time.monotonic()
+    cache = cache_root()
+    root = cache / "gpu-e2e"
+    try:
+        pin = release_series(args.release).release
+        release = pin.version
+        venv = ensure_env(release, cache)
+        layout = Layout(
+            envs={UNPATCHED: venv, PATCHED: venv},
+            models={
+                model: ensure_tiny_model(
+                    model, root / "models", venv / "bin" / "python"
+                )
+                for model in (HYBRID, SLIDING)
+            },
+            proxy=fetch_sdist_tree(pin, cache) / TOY_PROXY,
+            logs=root / "logs" / release,
+            vllm_cache=root / "vllm-cache",
+            serve_args=GPU_SERVE_ARGS,
+            extra_env=LMCACHE_ENV,
+        )
+        layout.logs.mkdir(parents=True, exist_ok=True)
+        prompts = make_prompts()
+        runs, singles = [], {}
+        with tempfile.TemporaryDirectory(prefix="vllm-overlay-gpu-") as tmp:
+            wheels = {
+                UNPATCHED: fetch_wheel(pin, pin.wheel_for("vllm"), cache),
+                PATCHED: build_release(release, "vllm", Path(tmp)),
+            }
+            for build in (UNPATCHED, PATCHED):
+                install(venv, wheels[build])
+                runs += [run_case(layout, build, case, prompts) for case in PD_CASES]
+                singles.update(single_runs(layout, build, prompts[0]))
+        results = checks(runs)
+        for model in (HYBRID, SLIDING):
+            results += judge_single(model, singles)
+    except OverlayError as exc:
+        report_error(exc)
+        return 1
+    print(TABLE_HEADER)
+    for run in runs:
+        print(run.row())
+    for result in results:
+        print(result)
+    print(f"wall time: {time.monotonic() - started:.0f}s")
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

