@@ -25,12 +25,14 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.version import Version
 
 from ci.hf_standin import write_hf_standin
+from ci.pd.cases import CASES, CORE_CASES, Case
 from ci.pd_e2e import RELEASE as PD_E2E_RELEASE
 from ci.pd_e2e import run_pd_e2e
 from ci.pytest_runs import pytest_command, pytest_environment, test_dist
@@ -47,6 +49,7 @@ from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.build.wheel import build_release
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import REPO_ROOT, cache_root, patches_root
+from vllm_overlay.series.facts import pd_core_releases
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.model import Series
 from vllm_overlay.track.round_trip import check_round_trip
@@ -231,7 +234,9 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
     if version == SERVE_E2E_RELEASE:
         serve_end_to_end(outcome, cache)
     if version == PD_E2E_RELEASE:
-        pd_end_to_end(outcome, cache)
+        pd_end_to_end(outcome, cache, CASES, faults=True)
+    elif version in pd_core_releases():
+        pd_end_to_end(outcome, cache, CORE_CASES, faults=False)
     outcome.seconds = time.monotonic() - started
     return outcome
 
@@ -253,12 +258,13 @@ def serve_end_to_end(outcome: Outcome, cache: Path) -> None:
         outcome.failures.append("serve end to end: " + ", ".join(failed))
 
 
-def pd_end_to_end(outcome: Outcome, cache: Path) -> None:
-    """Prefill/decode over NIXL behind upstream's proxy: every case on the
-    unpatched build, the patched build and the drop-in, and the fault cases
-    (`ci/pd_e2e.py`)."""
+def pd_end_to_end(
+    outcome: Outcome, cache: Path, cases: Sequence[Case], faults: bool
+) -> None:
+    """Prefill/decode over NIXL behind upstream's proxy (`ci/pd_e2e.py`):
+    `cases` on the builds each names, and the fault cases if `faults`."""
     try:
-        suite = run_pd_e2e(outcome.release, cache)
+        suite = run_pd_e2e(outcome.release, cache, cases, faults)
     except OverlayError as exc:
         outcome.failures.append(f"P/D end to end: {exc}")
         return

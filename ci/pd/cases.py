@@ -131,6 +131,9 @@ CASES = (
     Case("mamba2-multi", MAMBA2, multi(NIXL, DECODE_BENCH), prefix_caching=False),
 )
 CASE_BY_KEY = {case.key: case for case in CASES}
+# What `pd_core_releases` (patches/vllm/release-facts.toml) run: upstream's
+# P/D and the layout the P/D patch is for, with the drop-in.
+CORE_CASES = (CASE_BY_KEY["hybrid-nixl"], CASE_BY_KEY["hybrid-multi"])
 
 
 @dataclass

