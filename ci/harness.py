@@ -54,9 +54,9 @@ from vllm_overlay.series import Series
 
 UNPATCHED_PLUGIN = "vllm_overlay.testing.unpatched"
 PROBES_DIR = "tests/probes"
-# The tests under PROBES_DIR a release's patched build does not run: its
-# series does not carry the patch they prove (the file says which and why).
-PROBES_DESELECTED = REPO_ROOT / PROBES_DIR / "deselected.toml"
+# Our tests (under PROBES_DIR and RUNTIME_DIR) a release's patched build does
+# not run, per release and why (the file says).
+OURS_DESELECTED = REPO_ROOT / "tests" / "deselected.toml"
 RUNTIME_DIR = "tests/runtime"
 
 
@@ -194,7 +194,7 @@ def run_probes(
     return run(command, cwd=REPO_ROOT, env=full_env)
 
 
-def probe_deselection_args(release: str, path: Path = PROBES_DESELECTED) -> list[str]:
+def our_deselection_args(release: str, path: Path = OURS_DESELECTED) -> list[str]:
     """pytest arguments that leave out the tests `path` names for `release`;
     an entry naming a file the checkout does not have is an error."""
     entries = [d for d in load_deselections(path) if release in d.releases]
@@ -252,7 +252,7 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
         # Patched: every test under tests/probes must pass, the probes and the
         # tests beside them that pin behaviour the patches must keep.
         patched = reports / f"probes-{version}.xml"
-        selection = [PROBES_DIR, *probe_deselection_args(version)]
+        selection = [PROBES_DIR, *our_deselection_args(version)]
         if run_probes(venv, selection, env, patched, unpatched=False):
             outcome.failures.append("probes on the patched build")
         outcome.probes_patched = junit_counts(patched)
@@ -261,7 +261,8 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
             outcome.failures.append("probes on the unpatched sources")
         outcome.probes_unpatched = junit_counts(unpatched)
     runtime = reports / f"runtime-{version}.xml"
-    if run_probes(venv, [RUNTIME_DIR], env, runtime, unpatched=False):
+    selection = [RUNTIME_DIR, *our_deselection_args(version)]
+    if run_probes(venv, selection, env, runtime, unpatched=False):
         outcome.failures.append("tests/runtime")
     outcome.runtime = junit_counts(runtime)
     if version == SERVE_E2E_RELEASE:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ci.harness import Counts, junit_counts, probe_deselection_args
+from ci.harness import Counts, junit_counts, our_deselection_args
 from vllm_overlay.errors import OverlayError
 
 PLUGINS = Path(__file__).resolve().parents[2] / "ci" / "pytest_plugins"
@@ -70,16 +70,16 @@ def test_cleanup_is_skipped_only_where_no_engine_is_involved(
 
 
 def test_probes_a_series_does_not_carry_are_left_out_for_that_release_only():
-    left_out = probe_deselection_args("0.22.1")
+    left_out = our_deselection_args("0.22.1")
     assert "--ignore=tests/probes/test_multi_connector_pd_hybrid_hit.py" in left_out
-    assert probe_deselection_args("0.32.0") == []
+    assert our_deselection_args("0.32.0") == []
 
 
-def test_a_probe_deselection_naming_no_test_is_refused(tmp_path):
+def test_a_deselection_of_our_tests_naming_no_test_is_refused(tmp_path):
     listed = tmp_path / "deselected.toml"
     listed.write_text(
         '[[deselect]]\ntest = "tests/probes/test_gone.py"\n'
         'releases = ["0.22.1"]\nreason = "not carried"\n'
     )
     with pytest.raises(OverlayError, match=r"test_gone\.py"):
-        probe_deselection_args("0.22.1", listed)
+        our_deselection_args("0.22.1", listed)
