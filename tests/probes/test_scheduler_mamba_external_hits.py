@@ -94,8 +94,9 @@ def test_async_external_hit_waits_for_its_kv(
 def test_sync_external_hit_is_computed(
     make_hybrid_scheduler: MakeScheduler, make_request: MakeRequest, block_size: int
 ) -> None:
-    """A synchronous answer of 4 of 6 blocks: the rest of the prompt is
-    scheduled on top of them, in one block-aligned chunk."""
+    """A synchronous answer of 4 of 6 blocks: the prompt goes on from them,
+    in whole blocks (how many per chunk is the release's split rule: 0.22.1
+    schedules both remaining blocks, 0.32.0 one)."""
     matched = 4 * block_size
     scheduler = make_hybrid_scheduler(_transfer_config(matched, is_async=False))
     scheduler.add_request(make_request("loaded", 6 * block_size))
@@ -103,4 +104,5 @@ def test_sync_external_hit_is_computed(
 
     assert [r.req_id for r in output.scheduled_new_reqs] == ["loaded"]
     assert output.scheduled_new_reqs[0].num_computed_tokens == matched
-    assert output.num_scheduled_tokens == {"loaded": 2 * block_size}
+    (scheduled,) = output.num_scheduled_tokens.values()
+    assert 0 < scheduled <= 2 * block_size and scheduled % block_size == 0
