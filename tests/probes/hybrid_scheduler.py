@@ -16,7 +16,13 @@ from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+
+try:
+    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+except ImportError:
+    # 0.22.1 maps each KV cache spec to its manager in a fixed table
+    # (`spec_manager_map`); later releases fill that table at start-up.
+    register_all_kvcache_specs = None
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -89,7 +95,8 @@ def start_scheduler(
     vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
 ) -> Scheduler:
     """The real v1 `Scheduler`; it creates its connector itself."""
-    register_all_kvcache_specs(vllm_config)
+    if register_all_kvcache_specs is not None:
+        register_all_kvcache_specs(vllm_config)
     return Scheduler(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,

@@ -11,6 +11,7 @@ metrics.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from conftest import MakeScheduler
@@ -27,8 +28,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
     MultiConnector,
 )
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
+from vllm.v1.metrics.stats import SchedulerStats
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, KVConnectorOutput
 from vllm.v1.request import Request
+from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 
 TRANSFERS_METRIC = "vllm:probe_kv_transfers"
 
@@ -167,14 +170,31 @@ def test_child_without_prom_metrics_is_skipped(
     )
     assert isinstance(scheduler.connector, MultiConnector)
 
-    # What the engine core hands the stat loggers after an (idle) step.
-    outputs = scheduler.update_from_output(
-        scheduler.schedule(), EMPTY_MODEL_RUNNER_OUTPUT
+    # The workers' stats of an (idle) step, as the model runner returns them:
+    # the same children in the worker role report the same transfers. 0.22.1
+    # passes the scheduler-side stats on only together with the workers'.
+    worker = MultiConnector(
+        vllm_config=scheduler.vllm_config,
+        role=KVConnectorRole.WORKER,
+        kv_cache_config=scheduler.kv_cache_config,
     )
+    runner_output = dataclasses.replace(
+        EMPTY_MODEL_RUNNER_OUTPUT,
+        kv_connector_output=KVConnectorOutput(
+            kv_connector_stats=worker.get_kv_connector_stats()
+        ),
+    )
+    outputs = scheduler.update_from_output(scheduler.schedule(), runner_output)
     scheduler_stats = outputs[0].scheduler_stats
     assert scheduler_stats is not None
-    kv_connector_stats = scheduler_stats.kv_connector_stats
-    assert kv_connector_stats == {name: {"num_transfers": n} for name, n in children}
+    # What the stat loggers receive: the stats cross from the engine core to
+    # the API server process through vLLM's own msgpack serialization.
+    received = MsgpackDecoder(SchedulerStats).decode(
+        MsgpackEncoder().encode(scheduler_stats)
+    )
+    kv_connector_stats = received.kv_connector_stats
+    assert kv_connector_stats is not None
+    assert set(kv_connector_stats) == {name for name, _ in children}
 
     # PrometheusStatLogger's per-connector part, on a private registry.
     registry = CollectorRegistry()
@@ -195,4 +215,4 @@ def test_child_without_prom_metrics_is_skipped(
     exported = registry.get_sample_value(
         f"{TRANSFERS_METRIC}_total", {"model_name": "probe", "engine": "0"}
     )
-    assert exported == 3
+    assert exported == 2 * 3  # the worker's transfers and the scheduler's

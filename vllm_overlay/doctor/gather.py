@@ -276,10 +276,32 @@ def _supports_hma(factory: Any, kv_transfer: Any, model_config: Any) -> bool:
     the sources ask connectors per model (the series'
     lmcache-connector-hybrid-kv.patch adds `model_config`, which
     LMCacheConnectorV1 answers True for hybrid models only), else with the
-    transfer config alone, as upstream."""
+    transfer config alone, as upstream; and by the classes where the factory
+    has no such method (0.22.1)."""
+    if not hasattr(factory, "supports_hma_config"):
+        return _supports_hma_by_class(factory, kv_transfer)
     if "model_config" in inspect.signature(factory.supports_hma_config).parameters:
         return factory.supports_hma_config(kv_transfer, model_config)
     return factory.supports_hma_config(kv_transfer)
+
+
+def _supports_hma_by_class(factory: Any, kv_transfer: Any) -> bool:
+    """0.22.1's rule (`VllmConfig.__post_init__`, vllm/config/vllm.py:1448-1470
+    there): the connector's class subclasses `SupportsHMA` and, for a
+    MultiConnector, so does every child's class."""
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
+
+    cls = factory.get_connector_class(kv_transfer)
+    if not supports_hma(cls):
+        return False
+    if cls.__name__ != MULTI:
+        return True
+    children = kv_transfer.kv_connector_extra_config.get("connectors", [])
+    return all(
+        supports_hma(factory.get_connector_class(KVTransferConfig(**child)))
+        for child in children
+    )
 
 
 def _extra_config_of(kv_transfer: Any, name: str) -> Any:
