@@ -88,6 +88,13 @@ def decode_with(
     return lambda: post(port, "/v1/completions", body)
 
 
+def plain(
+    port: int, model: Path, prompt: Sequence[int]
+) -> Callable[[], dict[str, object]]:
+    """An ordinary completion request to `port`, for `outcome`."""
+    return lambda: post(port, "/v1/completions", completion_body(model, prompt))
+
+
 def run_faults(layout: Layout, prompts: Sequence[Sequence[int]]) -> list[Check]:
     """The fault cases above on one fresh pair of the patched build."""
     model = layout.models[CASE.model]
@@ -120,24 +127,12 @@ def run_faults(layout: Layout, prompts: Sequence[Sequence[int]]) -> list[Check]:
                 Check("fault: the prefill server killed before the pull", ok, detail)
             )
 
-            ok, detail = outcome(
-                lambda: post(
-                    pair.decode_port,
-                    "/v1/completions",
-                    completion_body(model, prompts[3]),
-                )
-            )
+            ok, detail = outcome(plain(pair.decode_port, model, prompts[3]))
             results.append(
                 Check("fault: the decode server serves on afterwards", ok, detail)
             )
 
-            ok, detail = outcome(
-                lambda: post(
-                    pair.proxy_port,
-                    "/v1/completions",
-                    completion_body(model, prompts[3]),
-                )
-            )
+            ok, detail = outcome(plain(pair.proxy_port, model, prompts[3]))
             failed_cleanly = ok and detail.startswith("HTTP ")
             results.append(
                 Check(
