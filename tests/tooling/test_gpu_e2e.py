@@ -6,11 +6,19 @@ import shutil
 import pytest
 
 from ci import gpu_e2e
-from ci.gpu_e2e import HYBRID, SLIDING, Single, judge_single
+from ci.gpu_e2e import (
+    HYBRID,
+    SLIDING,
+    Single,
+    hybrid_block_size,
+    judge_mp,
+    judge_single,
+)
 from ci.pd.cases import UNIFY_REFUSAL
 from ci.pd.completions import Completion
 from ci.pd.metrics import DecodeCounts
 from ci.pd.pair import PATCHED, UNPATCHED
+from vllm_overlay.errors import OverlayError
 
 ANSWERS = [Completion((1, 2), (-1.0, -1.0), (1.0, 1.0))] * 2
 
@@ -73,3 +81,27 @@ def test_a_failed_run_is_reported_with_its_log() -> None:
     [result] = judge_single(SLIDING, runs)
     assert not result.ok
     assert "out of memory" in result.detail
+
+
+def test_the_hybrid_block_size_comes_from_vllms_log(tmp_path) -> None:
+    log = tmp_path / "plain.log"
+    log.write_text(
+        "(Worker pid=1) INFO [interface.py:1097] Setting attention block size to "
+        "528 tokens to ensure that attention page size is >= mamba page size.\n"
+    )
+    assert hybrid_block_size(log) == 528
+    log.write_text("nothing about blocks\n")
+    with pytest.raises(OverlayError, match="does not say the hybrid's attention"):
+        hybrid_block_size(log)
+
+
+def test_lmcache_mp_must_hit_answer_alike_and_count_as_upstream() -> None:
+    runs = {(PATCHED, HYBRID, False): single()}
+    mp = {UNPATCHED: single(external_hits=528), PATCHED: single(external_hits=528)}
+    assert all(r.ok for r in judge_mp(runs, mp))
+    mp[PATCHED] = single(external_hits=0)
+    failed = [r.name for r in judge_mp(runs, mp) if not r.ok]
+    assert failed == [
+        f"gpu: {HYBRID}: LMCacheMPConnector hits on the repeat",
+        f"gpu: {HYBRID}: LMCacheMPConnector counts as upstream (scope)",
+    ]
