@@ -14,17 +14,15 @@ from __future__ import annotations
 from typing import Any
 
 from conftest import MakeRequest, MakeScheduler
-from scheduler_side_connector import SchedulerSideConnector
+from scheduler_side_connector import RecordingHMAChild
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
-from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
-from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 
-class ExternalHitConnector(SchedulerSideConnector, SupportsHMA):
+class ExternalHitConnector(RecordingHMAChild):
     """Answers a fixed external hit (`matched_tokens`, `is_async` in its
     extra config) for every request, and records what the scheduler allocated
     for it. HMA-capable, as a connector of a hybrid model must be."""
@@ -34,22 +32,11 @@ class ExternalHitConnector(SchedulerSideConnector, SupportsHMA):
         extra_config = self._kv_transfer_config.kv_connector_extra_config
         self._matched_tokens: int = extra_config["matched_tokens"]
         self._is_async: bool = extra_config["is_async"]
-        self.allocated_external_tokens: dict[str, int] = {}
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         return self._matched_tokens, self._is_async
-
-    def update_state_after_alloc(
-        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
-    ) -> None:
-        self.allocated_external_tokens[request.request_id] = num_external_tokens
-
-    def request_finished_all_groups(
-        self, request: Request, block_ids: tuple[list[int], ...]
-    ) -> tuple[bool, dict[str, Any] | None]:
-        return False, None
 
 
 def _transfer_config(matched_tokens: int, is_async: bool) -> KVTransferConfig:
