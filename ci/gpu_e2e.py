@@ -55,11 +55,20 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ci.pd.cases import TABLE_HEADER, UNIFY_REFUSAL, Case, Check, checks, multi
+from ci.pd.cases import (
+    LMCACHE,
+    TABLE_HEADER,
+    UNIFY_REFUSAL,
+    Case,
+    Check,
+    checks,
+    multi,
+)
 from ci.pd.completions import Completion, complete, make_prompts
 from ci.pd.metrics import DecodeCounts, decode_counts, scrape, settled_metrics
 from ci.pd.pair import PATCHED, UNPATCHED, Layout, start, start_vllm, wait_all
 from ci.pd_e2e import TOY_PROXY, run_case
+from ci.release_env import NIXL_REQUIREMENTS
 from ci.servers import Server, free_port, server_environment
 from ci.tiny_model import ensure_tiny_model
 from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
@@ -81,17 +90,12 @@ OFFLOADING: dict[str, object] = {
     "kv_role": "kv_both",
     "kv_connector_extra_config": {"cpu_bytes_to_use": 2 << 30},
 }
-LMCACHE: dict[str, object] = {
-    "kv_connector": "LMCacheConnectorV1",
-    "kv_role": "kv_both",
-}
 # lmcache 0.5.6's in-process CPU backend (lmcache/v1/config.py:90-96).
 LMCACHE_ENV = {
     "LMCACHE_CHUNK_SIZE": "256",
     "LMCACHE_LOCAL_CPU": "True",
     "LMCACHE_MAX_LOCAL_CPU_SIZE": "2",
 }
-LMCACHE_INERT = "LMCacheConnectorV1 loads and saves nothing for this hybrid model"
 BLOCK_SIZE_LINE = re.compile(r"Setting attention block size to (\d+) tokens")
 LMCACHE_SERVER_TIMEOUT_S = 120
 # Two servers share the GPU in the P/D case.
@@ -100,7 +104,6 @@ PD_CASES = (
     Case("hybrid-nixl", HYBRID, NIXL_GPU),
     Case("hybrid-multi", HYBRID, multi(NIXL_GPU, OFFLOADING), upstream="hybrid-nixl"),
 )
-REQUIREMENTS = Path(__file__).resolve().parent
 
 
 def has_gpu() -> str:
@@ -134,7 +137,7 @@ def ensure_env(release: str, cache: Path) -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         wheel = fetch_wheel(pin, pin.wheel_for("vllm"), cache)
         _pip(venv, "install", str(wheel), "lmcache==0.5.6")
-        nixl = str(REQUIREMENTS / "nixl-requirements.txt")
+        nixl = str(NIXL_REQUIREMENTS)
         _pip(venv, "install", "--no-deps", "--require-hashes", "-r", nixl)
     return venv
 
@@ -265,6 +268,18 @@ def run_lmcache_mp(
         return f"{log.read_text(errors='replace') if log.exists() else ''}\n{exc}"
 
 
+def counts_as_upstream(what: str, patched: Single, upstream: Single) -> Check:
+    """The patched build's repeated request counted and answered as the
+    unpatched release's: a connector no patch is about stays upstream's."""
+    return Check(
+        f"gpu: {what} counts as upstream (scope)",
+        patched.repeat.same_tokens(upstream.repeat)
+        and patched.completions == upstream.completions,
+        f"{patched.repeat.external_hits} vs {upstream.repeat.external_hits} "
+        "external hits",
+    )
+
+
 def judge_mp(
     runs: dict[tuple[str, str, bool], Single | str], mp: dict[str, Single | str]
 ) -> list[Check]:
@@ -297,12 +312,7 @@ def judge_mp(
         )
     else:
         results.append(
-            Check(
-                f"gpu: {HYBRID}: LMCacheMPConnector counts as upstream (scope)",
-                patched.repeat.same_tokens(upstream.repeat)
-                and patched.completions == upstream.completions,
-                f"{hits} vs {upstream.repeat.external_hits} external hits",
-            )
+            counts_as_upstream(f"{HYBRID}: LMCacheMPConnector", patched, upstream)
         )
     return results
 
@@ -357,14 +367,7 @@ def judge_single(
             )
         )
         if not isinstance(upstream, str):
-            out.append(
-                Check(
-                    f"gpu: {model}: LMCache counts as upstream (scope)",
-                    lm.repeat.same_tokens(upstream.repeat)
-                    and lm.completions == upstream.completions,
-                    f"{hits} vs {upstream.repeat.external_hits} external hits",
-                )
-            )
+            out.append(counts_as_upstream(f"{model}: LMCache", lm, upstream))
     return out
 
 

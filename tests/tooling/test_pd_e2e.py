@@ -167,7 +167,6 @@ def counts(reused: int, pulled: int, computed: int = 4) -> DecodeCounts:
 
 
 REFERENCE = [completion(1, 2), completion(3, 4)]
-HYBRID_REFERENCE = REFERENCE
 # The non-hybrid and the Mamba2 hybrid: float32, where P/D equals one server.
 OTHER_REFERENCE = [completion(5, 6), completion(7, 8)]
 
@@ -215,7 +214,7 @@ def runs(**changes: Run) -> list[Run]:
     made.update(changes)
     compare_with_references(
         {
-            "tiny-qwen3.5": HYBRID_REFERENCE,
+            "tiny-qwen3.5": REFERENCE,
             "tiny-llama": OTHER_REFERENCE,
             "tiny-nemotron-h": OTHER_REFERENCE,
         },
