@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import DEMO_PROBE as DEMO_PROBE_SOURCE
 from conftest import (
+    AUTHOR,
     RELEASE,
     SCHEDULER,
     SCHEDULER_SOURCE,
@@ -21,6 +21,7 @@ from conftest import (
     scheduler_edit,
     sha256_file,
 )
+from conftest import DEMO_PROBE as DEMO_PROBE_SOURCE
 
 from vllm_overlay.build.applier import apply_series
 from vllm_overlay.series.loader import pinned_releases, release_series
@@ -191,6 +192,26 @@ def test_continue_after_resolving_keeps_the_resolution(checkout, capsys):
     assert TRAILERS in patch.path.read_text()
     assert "+line twenty, upstream and patched" in patch.path.read_text()
     assert not state_dir(checkout.patches).exists()
+
+
+def test_continue_keeps_message_lines_that_start_with_a_hash(checkout, capsys):
+    """git's default clean-up of a resolved cherry-pick's message strips every
+    line that starts with `#`, and a patch message may hold such a line (a
+    Markdown heading, a quoted shell comment)."""
+    patch = checkout.series_dir / PATCH
+    hashed = "# a line of the message, not a comment"
+    patch.write_text(patch.read_text().replace("Why.\n", f"Why.\n{hashed}\n"))
+    run_git(checkout.root, "commit", "-qam", "a message line starting with #")
+    conflicting(checkout)
+    rebase(capsys, RELEASE, TO)
+    (repo_of(checkout) / SCHEDULER).write_text(scheduler_edit(20, PATCHED_LINE))
+    run_git(repo_of(checkout), "add", SCHEDULER)
+    code, out, _ = rebase(capsys, "--continue")
+    assert code == 0, out
+    (rebased,) = release_series(TO).patches
+    text = rebased.path.read_text()
+    assert f"Why.\n{hashed}\n\n{TRAILERS}" in text
+    assert f"From: {AUTHOR}\n" in text
 
 
 def test_markers_left_in_a_staged_file_are_refused(checkout, capsys):

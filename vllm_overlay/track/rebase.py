@@ -43,7 +43,7 @@ from packaging.version import InvalidVersion, Version
 from vllm_overlay import atomic
 from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.git import git, git_run
+from vllm_overlay.git import git, git_bytes, git_run
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.series.loader import load_series, pinned_releases
 from vllm_overlay.series.model import Patch, Series, series_dir
@@ -414,14 +414,26 @@ def _commit_resolution(state: RebaseState, repo: Path) -> None:
         git(repo, "cherry-pick", "--skip")
         _drop(state, name, "empty after the maintainer resolved its merge conflict")
     else:
-        git(
-            repo,
-            "cherry-pick",
-            "--continue",
-            env={"GIT_EDITOR": "true", **commit_identity()},
-        )
+        _commit_with_message_of(repo, state.commits[name])
         state.kept.append(name)
     state.current = None
+
+
+def _commit_with_message_of(repo: Path, commit: str) -> None:
+    """Commit the staged resolution with `commit`'s message, byte for byte.
+
+    Not `cherry-pick --continue`: that commits through git's message clean-up,
+    which drops every line starting with `#` (a patch message may hold one)
+    and cannot be told otherwise. `git commit` still takes the author from
+    CHERRY_PICK_HEAD and ends the cherry-pick."""
+    raw = git_bytes(repo, "cat-file", "commit", commit)
+    message = repo / ".git" / "MERGE_MSG"
+    message.write_bytes(raw.partition(b"\n\n")[2])
+    git(
+        repo,
+        *("commit", "-q", "--cleanup=verbatim", "--file", str(message)),
+        env=commit_identity(),
+    )
 
 
 def _cherry_pick_in_progress(repo: Path) -> bool:
