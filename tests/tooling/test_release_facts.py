@@ -3,13 +3,21 @@ loader: `patches/vllm/release-facts.toml` and `patches/vllm/hf-standins.json`.""
 
 import json
 import shutil
+import tomllib
 
 import pytest
+import tomli_w
 
 from ci.hf_standin import STANDINS_FILE, load_standins
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, REPO_ROOT
-from vllm_overlay.series.facts import FACTS_FILE, e2e_release, pd_core_releases
+from vllm_overlay.series.facts import (
+    FACTS_FILE,
+    e2e_release,
+    environment_facts,
+    pd_core_releases,
+    upstream_test_files,
+)
 from vllm_overlay.series.pins import load_pins
 
 REPO_PATCHES = REPO_ROOT / "patches"
@@ -72,6 +80,81 @@ def test_a_missing_facts_file_is_named(root):
     (root / FACTS_FILE).unlink()
     with pytest.raises(OverlayError, match=r"release facts file .* does not exist"):
         e2e_release(root)
+
+
+def edit_facts(root, edit):
+    """Apply `edit` to the parsed facts file and write it back."""
+    data = tomllib.loads((root / FACTS_FILE).read_text(encoding="utf-8"))
+    edit(data)
+    (root / FACTS_FILE).write_text(tomli_w.dumps(data), encoding="utf-8")
+
+
+def test_upstream_test_files_are_those_a_release_has_in_file_order():
+    """0.33.0 split test_kv_cache_utils.py; 0.22.1 predates prefix_cache/."""
+    split = [
+        "tests/v1/core/test_kv_cache_planning.py",
+        "tests/v1/core/test_kv_cache_config_builder.py",
+    ]
+    newest = upstream_test_files("0.33.0", REPO_PATCHES)
+    before = upstream_test_files("0.32.0", REPO_PATCHES)
+    assert [f for f in newest if f not in before] == split
+    assert "tests/v1/core/prefix_cache/" in before
+    assert "tests/v1/core/prefix_cache/" not in upstream_test_files(
+        "0.22.1", REPO_PATCHES
+    )
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"path": "tests/a.py", "since": "soon"}, "`since` must be a release version"),
+        ({"path": "tests/a.py", "since": 31}, "`since` must be a release version"),
+        (
+            {"path": "vllm/a.py", "since": "0.31.0"},
+            "`path` must be a path under tests/",
+        ),
+        ({"path": "tests/a.py"}, "needs exactly `path` and `since`"),
+    ],
+)
+def test_a_bad_upstream_test_entry_is_one_line_naming_it(root, entry, message):
+    edit_facts(root, lambda data: data["upstream_tests"].append(entry))
+    with pytest.raises(OverlayError, match=message) as caught:
+        upstream_test_files("0.33.0", root)
+    assert str(caught.value).startswith(f"{root / FACTS_FILE}: upstream_tests entry")
+
+
+def test_the_test_environment_facts_load_checked():
+    facts = environment_facts(REPO_PATCHES)
+    assert facts.cpu_torch.startswith("torch==") and facts.cpu_torch.endswith("+cpu")
+    assert set(facts.pinned_as_tested) <= set(load_pins(REPO_PATCHES / PINS_FILE))
+
+
+def _set(key, value):
+    return lambda data: data["test_env"].__setitem__(key, value)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda data: data.pop("test_env"), r"\[test_env\] needs exactly"),
+        (lambda data: data["test_env"].pop("relaxed"), r"\[test_env\] needs exactly"),
+        (_set("cpu_torch", 2), "test_env.cpu_torch must be a requirement string"),
+        (_set("cpu_torch", "torch=="), "test_env.cpu_torch: Expected"),
+        (_set("cuda_wheel_extras", "numba"), "cuda_wheel_extras must be a list of"),
+        (_set("relaxed", [1]), "test_env.relaxed must be a list of strings"),
+        (_set("pinned_as_tested", ["0.22.1"]), "pinned_as_tested must be a table"),
+        (
+            _set("pinned_as_tested", {"0.9.0": ["transformers"]}),
+            "pinned_as_tested names 0.9.0, which is not pinned",
+        ),
+    ],
+)
+def test_bad_test_environment_facts_are_one_line_naming_the_file(root, edit, message):
+    edit_facts(root, edit)
+    with pytest.raises(OverlayError, match=message) as caught:
+        environment_facts(root)
+    assert str(caught.value).startswith(str(root / FACTS_FILE))
+    assert "\n" not in str(caught.value)
 
 
 def test_the_hub_stand_ins_load_from_their_data_file():

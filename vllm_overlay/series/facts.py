@@ -7,7 +7,12 @@ Every value is checked against the pins when it is read; a bad file is one
 """
 
 import tomllib
+from dataclasses import dataclass, fields
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, patches_root
@@ -61,3 +66,113 @@ def _cpu_release(root: Path, key: str, release: str) -> str:
             "end-to-end runs need to start an engine on a CPU"
         )
     return release
+
+
+@dataclass(frozen=True)
+class EnvironmentFacts:
+    """How a release's test environment is made on a machine without a GPU
+    (`ci/release_env.py`); the data file says why each value is what it is."""
+
+    # The CPU torch requirement that replaces whatever torch a wheel asks for.
+    cpu_torch: str
+    # Requirement lines added to a CUDA wheel's `requirements/common.txt`.
+    cuda_wheel_extras: tuple[str, ...]
+    # Canonical names whose version constraint is dropped.
+    relaxed: frozenset[str]
+    # Canonical names never installed.
+    cpu_incompatible: frozenset[str]
+    # Requirement files in the sdist, first existing one wins.
+    test_requirements: tuple[str, ...]
+    # Pinned release -> canonical names taken at its tested version.
+    pinned_as_tested: dict[str, frozenset[str]]
+
+
+def environment_facts(root: Path | None = None) -> EnvironmentFacts:
+    """The `[test_env]` table, checked: requirements that parse, names, and
+    releases in `pinned_as_tested` that are pinned."""
+    root = root or patches_root()
+    where = root / FACTS_FILE
+    table = _facts(root).get("test_env")
+    keys = {field.name for field in fields(EnvironmentFacts)}
+    if not isinstance(table, dict) or set(table) != keys:
+        raise OverlayError(
+            f"{where}: [test_env] needs exactly {', '.join(sorted(keys))}"
+        )
+    cpu_torch = _requirement(where, "cpu_torch", table["cpu_torch"])
+    extras = _strings(where, "cuda_wheel_extras", table["cuda_wheel_extras"])
+    as_tested = table["pinned_as_tested"]
+    if not isinstance(as_tested, dict):
+        raise OverlayError(f"{where}: test_env.pinned_as_tested must be a table")
+    pins = load_pins(root / PINS_FILE)
+    unknown = sorted(set(as_tested) - set(pins))
+    if unknown:
+        raise OverlayError(
+            f"{where}: test_env.pinned_as_tested names {', '.join(unknown)}, "
+            "which is not pinned"
+        )
+    return EnvironmentFacts(
+        cpu_torch=cpu_torch,
+        cuda_wheel_extras=tuple(
+            _requirement(where, "cuda_wheel_extras", line) for line in extras
+        ),
+        relaxed=_names(where, "relaxed", table["relaxed"]),
+        cpu_incompatible=_names(where, "cpu_incompatible", table["cpu_incompatible"]),
+        test_requirements=_strings(
+            where, "test_requirements", table["test_requirements"]
+        ),
+        pinned_as_tested={
+            release: _names(where, f"pinned_as_tested.{release}", names)
+            for release, names in as_tested.items()
+        },
+    )
+
+
+def upstream_test_files(release: str, root: Path | None = None) -> list[str]:
+    """Upstream's test files and directories (relative to the sdist root)
+    that `release` has and the harness runs, in the data file's order."""
+    root = root or patches_root()
+    where = root / FACTS_FILE
+    entries = _facts(root).get("upstream_tests")
+    if not isinstance(entries, list) or not entries:
+        raise OverlayError(f"{where}: upstream_tests must be a list of tests to run")
+    files = []
+    for index, entry in enumerate(entries):
+        what = f"{where}: upstream_tests entry {index + 1}"
+        if not isinstance(entry, dict) or set(entry) != {"path", "since"}:
+            raise OverlayError(f"{what} needs exactly `path` and `since`")
+        path, since = entry["path"], entry["since"]
+        if not isinstance(path, str) or not path.startswith("tests/"):
+            raise OverlayError(f"{what}: `path` must be a path under tests/")
+        if _since(what, since) <= Version(release):
+            files.append(path)
+    return files
+
+
+def _since(what: str, value: object) -> Version:
+    try:
+        if isinstance(value, str):
+            return Version(value)
+    except InvalidVersion:
+        pass
+    raise OverlayError(f"{what}: `since` must be a release version")
+
+
+def _strings(where: Path, key: str, value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise OverlayError(f"{where}: test_env.{key} must be a list of strings")
+    return tuple(value)
+
+
+def _names(where: Path, key: str, value: object) -> frozenset[str]:
+    """Canonical project names (as `packaging` compares them)."""
+    return frozenset(canonicalize_name(name) for name in _strings(where, key, value))
+
+
+def _requirement(where: Path, key: str, line: object) -> str:
+    try:
+        if isinstance(line, str):
+            Requirement(line)
+            return line
+    except InvalidRequirement as exc:
+        raise OverlayError(f"{where}: test_env.{key}: {exc}") from None
+    raise OverlayError(f"{where}: test_env.{key} must be a requirement string")
