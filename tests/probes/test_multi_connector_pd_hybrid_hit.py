@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import LOAD_WEIGHT_KNOWN, MakeScheduler
-from hybrid_scheduler import generation_request
+from hybrid_scheduler import cache_prefix_without_recurrent_state, generation_request
 from scheduler_side_connector import RecordingHMAChild
 from vllm.config import KVTransferConfig
 from vllm.utils.hashing import sha256
@@ -125,24 +125,12 @@ def make_prompt_request(
     return generation_request(request_id, prompt, do_remote_prefill)
 
 
-def cache_prefix_without_recurrent_state(
-    manager: KVCacheManager, block_size: int
-) -> list[int]:
-    """Leave the decode instance's cache as P/D leaves it: the prefix's
-    full-attention blocks cached, no recurrent-state checkpoint inside it.
+def cache_shared_prefix(manager: KVCacheManager, block_size: int) -> list[int]:
+    """The decode instance caches the shared prompt's first CACHED_BLOCKS
+    blocks for full attention only (see `cache_prefix_without_recurrent_state`).
     Returns the cached full-attention block ids."""
-    fill = make_prompt_request("earlier", CACHED_BLOCKS * block_size, False)
-    state_ids = set()
-    for _ in range(CACHED_BLOCKS):
-        manager.allocate_slots(fill, block_size)
-        fill.num_computed_tokens += block_size
-        # Align mode checkpoints the state in a new block at every boundary
-        # and drops the previous one from the request (it stays cached).
-        attention_ids, mamba_ids = manager.get_block_ids(fill.request_id)
-        state_ids.update(mamba_ids)
-    manager.free(fill)
-    manager.block_pool.evict_blocks(state_ids)
-    return list(attention_ids)
+    prefix = make_prompt_request("earlier", CACHED_BLOCKS * block_size, False)
+    return cache_prefix_without_recurrent_state(manager, prefix.prompt_token_ids)
 
 
 def children(scheduler: Scheduler) -> tuple[RecordingHMAChild, ...]:
@@ -177,9 +165,7 @@ def test_decode_request_keeps_local_full_attention_prefix(
     scheduler = make_hybrid_scheduler(
         multi_connector_config(("PullChild", 0), ("StoreChild", 0))
     )
-    cached_ids = cache_prefix_without_recurrent_state(
-        scheduler.kv_cache_manager, block_size
-    )
+    cached_ids = cache_shared_prefix(scheduler.kv_cache_manager, block_size)
     _, (pulled, _) = schedule_prompt(scheduler, block_size)
 
     attention_ids = scheduler.kv_cache_manager.get_block_ids("decode")[0]
@@ -207,7 +193,7 @@ def test_decode_request_loads_only_from_capable_child(
     scheduler = make_hybrid_scheduler(
         multi_connector_config(("StoreChild", store_hit), ("PullChild", 0))
     )
-    cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
+    cache_shared_prefix(scheduler.kv_cache_manager, block_size)
     _, loaded = schedule_prompt(scheduler, block_size)
 
     assert loaded == (0, (PROMPT_BLOCKS - CACHED_BLOCKS) * block_size)
@@ -224,7 +210,7 @@ def test_weights_do_not_move_a_diverged_decode_request_off_its_capable_child(
             ("StoreChild", store_hit), ("PullChild", 0), weights=(100.0, 1.0)
         )
     )
-    cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
+    cache_shared_prefix(scheduler.kv_cache_manager, block_size)
     _, loaded = schedule_prompt(scheduler, block_size)
 
     assert loaded == (0, (PROMPT_BLOCKS - CACHED_BLOCKS) * block_size)
@@ -271,7 +257,7 @@ def test_capable_child_without_tokens_falls_back_to_common_hit(
     scheduler = make_hybrid_scheduler(
         multi_connector_config(("IdleCapableChild", 0), ("StoreChild", 0))
     )
-    cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
+    cache_shared_prefix(scheduler.kv_cache_manager, block_size)
     output, loaded = schedule_prompt(scheduler, block_size)
 
     assert loaded == (0, 0)
@@ -288,7 +274,7 @@ def test_ordinary_request_keeps_the_common_hit(
     scheduler = make_hybrid_scheduler(
         multi_connector_config(("PullChild", 0), ("StoreChild", store_hit))
     )
-    cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
+    cache_shared_prefix(scheduler.kv_cache_manager, block_size)
     output, loaded = schedule_prompt(scheduler, block_size, do_remote_prefill=False)
 
     assert loaded == (0, store_hit)
