@@ -73,14 +73,17 @@ def single_group_kv_cache_config(num_blocks: int = NUM_GPU_BLOCKS) -> KVCacheCon
     )
 
 
-def hybrid_kv_cache_config(num_blocks: int = NUM_GPU_BLOCKS) -> KVCacheConfig:
+def hybrid_kv_cache_config(
+    num_blocks: int = NUM_GPU_BLOCKS, mamba_cache_mode: str = "align"
+) -> KVCacheConfig:
     """A full-attention group and a Mamba group in "align" mode (a state
-    checkpoint per block), as a hybrid model with prefix caching has."""
+    checkpoint per block), as a hybrid model with prefix caching has, or in
+    the given `mamba_cache_mode`."""
     mamba = MambaSpec(
         block_size=BLOCK_SIZE,
         shapes=((1, 1),),
         dtypes=(torch.float32,),
-        mamba_cache_mode="align",
+        mamba_cache_mode=mamba_cache_mode,
     )
     return KVCacheConfig(
         num_blocks=num_blocks,

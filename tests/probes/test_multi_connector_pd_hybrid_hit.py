@@ -25,8 +25,11 @@ from __future__ import annotations
 import pytest
 from conftest import LOAD_WEIGHT_KNOWN, MakeScheduler
 from hybrid_scheduler import cache_prefix_without_recurrent_state, generation_request
-from scheduler_side_connector import RecordingHMAChild
+from scheduler_side_connector import RecordingHMAChild, StoreChild, child_connectors
 from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiConnector,
+)
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -73,16 +76,6 @@ class PullChild(RecordingHMAChild):
             request.kv_transfer_params["do_remote_prefill"] = False
 
 
-class StoreChild(RecordingHMAChild):
-    """An offloading tier: a fixed synchronous hit of `matched_tokens`."""
-
-    def get_num_new_matched_tokens(
-        self, request: Request, num_computed_tokens: int
-    ) -> tuple[int | None, bool]:
-        extra_config = self._kv_transfer_config.kv_connector_extra_config
-        return max(extra_config["matched_tokens"] - num_computed_tokens, 0), False
-
-
 class IdleCapableChild(PullChild):
     """A P/D child that has nothing to pull for any request."""
 
@@ -90,6 +83,10 @@ class IdleCapableChild(PullChild):
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         return 0, False
+
+
+# The probe children by class name, for a MultiConnector config.
+CHILDREN = {c.__name__: c for c in (PullChild, StoreChild, IdleCapableChild)}
 
 
 def multi_connector_config(
@@ -102,7 +99,7 @@ def multi_connector_config(
         {
             "kv_connector": name,
             "kv_role": "kv_both",
-            "kv_connector_module_path": __name__,
+            "kv_connector_module_path": CHILDREN[name].__module__,
             "kv_connector_extra_config": {"matched_tokens": hit},
         }
         for name, hit in children
@@ -133,10 +130,10 @@ def cache_shared_prefix(manager: KVCacheManager, block_size: int) -> list[int]:
     return cache_prefix_without_recurrent_state(manager, prefix.prompt_token_ids)
 
 
-def children(scheduler: Scheduler) -> tuple[RecordingHMAChild, ...]:
+def children(scheduler: Scheduler) -> list[RecordingHMAChild]:
     connector = scheduler.connector
-    assert connector is not None
-    return tuple(connector.sub_connectors)  # type: ignore[attr-defined]
+    assert isinstance(connector, MultiConnector)
+    return child_connectors(connector)
 
 
 def schedule_prompt(

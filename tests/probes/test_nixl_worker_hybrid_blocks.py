@@ -12,13 +12,7 @@ for full attention it front-trims both lists to the shorter one, so a decode
 instance that reuses a cached prefix would read the prefill side's first
 blocks into its suffix blocks. Patched (vllm#42554's worker part), the SSM
 state slots pair with the remote list's last ones and full attention reads
-only the uncomputed suffix.
-
-The block lists come from real KV cache managers (the prefill side's after
-it computed the prompt, the decode side's NixlConnector metadata); the worker
-is NIXL's real `NixlConnectorWorker`, built without `__init__` (which needs a
-NIXL agent and registered device KV caches) with the attributes `__init__`
-derives from the KV cache config, as upstream's own tests of this method do.
+only the uncomputed suffix. The parts are real (see `nixl_sides.py`).
 """
 
 from __future__ import annotations
@@ -27,19 +21,17 @@ from typing import Any
 
 import pytest
 from conftest import MakeScheduler
-from hybrid_scheduler import (
-    cache_prefix_without_recurrent_state,
-    generation_request,
-    hybrid_kv_cache_config,
-)
-from vllm.config import KVTransferConfig
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import (
-    NixlConnectorWorker,
+from hybrid_scheduler import cache_prefix_without_recurrent_state
+from nixl_sides import (
+    decode_request,
+    nixl_config,
+    nixl_worker,
+    prefill_side_block_ids,
+    prompt,
 )
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
 PROMPT_BLOCKS = 7
 
@@ -47,26 +39,6 @@ PROMPT_BLOCKS = 7
 @pytest.fixture(autouse=True)
 def _fixed_block_hash_seed() -> None:
     init_none_hash(sha256)
-
-
-def nixl_config() -> KVTransferConfig:
-    return KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both")
-
-
-def prompt(block_size: int) -> list[int]:
-    return [(5 * i) % 200 + 3 for i in range(PROMPT_BLOCKS * block_size)]
-
-
-def prefill_side_block_ids(
-    make_hybrid_scheduler: MakeScheduler, block_size: int
-) -> tuple[list[int], ...]:
-    """The block ids a prefill instance sends for the prompt: it computes
-    all but the last token (NixlConnector truncates a hybrid model's prompt
-    on that side) and sends what its KV cache manager holds."""
-    scheduler = make_hybrid_scheduler(nixl_config())
-    request = generation_request("prefill", prompt(block_size)[:-1])
-    scheduler.kv_cache_manager.allocate_slots(request, request.num_tokens)
-    return scheduler.kv_cache_manager.get_block_ids("prefill")
 
 
 def decode_side_block_ids(
@@ -79,31 +51,23 @@ def decode_side_block_ids(
     blocks the decode instance caches for full attention (a P/D decode
     instance holds no recurrent-state checkpoint of a pulled prompt). The
     blocks are allocated as `Scheduler.schedule()` allocates them for an
-    asynchronous load, here without its local-hit lookup, which on 0.22.1
-    drops a full-attention hit the recurrent group does not share."""
+    asynchronous load, without its local-hit lookup (on 0.22.1 that lookup
+    drops a full-attention hit the recurrent group does not share; the
+    scheduler side is proven in `test_nixl_pd_decode_hybrid_hit.py`)."""
     manager = scheduler.kv_cache_manager
     connector: Any = scheduler.connector
-    tokens = prompt(scheduler.block_size)
+    block_size = scheduler.block_size
     cache_prefix_without_recurrent_state(
-        manager, tokens[: num_cached_blocks * scheduler.block_size]
+        manager, prompt(num_cached_blocks * block_size)
     )
-    request = generation_request("decode", tokens)
-    request.kv_transfer_params = {
-        "do_remote_prefill": True,
-        "remote_block_ids": [list(ids) for ids in remote_block_ids],
-        "remote_engine_id": "prefill-engine",
-        "remote_request_id": "prefill",
-        "remote_host": "127.0.0.1",
-        "remote_port": 1,
-        "tp_size": 1,
-    }
+    request = decode_request(PROMPT_BLOCKS * block_size, remote_block_ids, "decode")
     hit = [
         manager.block_pool.get_cached_block(block_hash, [0])[0]
         for block_hash in request.block_hashes[:num_cached_blocks]
     ]
-    num_local = num_cached_blocks * scheduler.block_size
+    num_local = num_cached_blocks * block_size
     num_external, load_async = connector.get_num_new_matched_tokens(request, num_local)
-    assert load_async and num_external == len(tokens) - 1 - num_local
+    assert load_async and num_external == request.num_tokens - 1 - num_local
     manager.allocate_slots(
         request,
         0,
@@ -119,16 +83,20 @@ def decode_side_block_ids(
     return local_block_ids
 
 
-def worker(physical_blocks_per_logical: int = 1) -> NixlConnectorWorker:
-    """NIXL's worker with what `__init__` derives from the hybrid KV cache
-    config: a Mamba group present, the group spec types, and the kernel
-    blocks per logical block (1: the kernel block size is the block size)."""
-    nixl_worker = object.__new__(NixlConnectorWorker)
-    nixl_worker.kv_cache_config = hybrid_kv_cache_config()
-    nixl_worker._has_mamba = True
-    nixl_worker._group_spec_types = (FullAttentionSpec, MambaSpec)
-    nixl_worker._physical_blocks_per_logical_kv_block = physical_blocks_per_logical
-    return nixl_worker
+def pair(
+    local: tuple[list[int], ...],
+    remote: tuple[list[int], ...],
+    physical_blocks_per_logical: int = 1,
+) -> tuple[list[list[int]], list[list[int]]]:
+    """What the worker reads (remote) into what (local), per group."""
+    paired_local, paired_remote = nixl_worker(
+        physical_blocks_per_logical
+    )._apply_prefix_caching(
+        [list(ids) for ids in local],
+        [list(ids) for ids in remote],
+        physical_blocks_per_logical,
+    )
+    return [list(ids) for ids in paired_local], [list(ids) for ids in paired_remote]
 
 
 def test_align_mode_transfer_pairs_the_state_slot(
@@ -137,18 +105,15 @@ def test_align_mode_transfer_pairs_the_state_slot(
     """Nothing cached on the decode side: every full-attention block pairs
     with its remote one, and the one local state slot with the remote
     list's last (upstream 0.22.1 asserts the SSM lists equally long)."""
-    remote = prefill_side_block_ids(make_hybrid_scheduler, block_size)
+    remote = prefill_side_block_ids(
+        make_hybrid_scheduler(nixl_config()), PROMPT_BLOCKS * block_size
+    )
     local = decode_side_block_ids(make_hybrid_scheduler(nixl_config()), remote)
     assert remote[1][:-1] == [0] * (len(remote[1]) - 1), "align-mode null padding"
 
-    paired_local, paired_remote = worker()._apply_prefix_caching(
-        [list(ids) for ids in local], [list(ids) for ids in remote], 1
-    )
-
-    assert (list(paired_local[0]), list(paired_remote[0])) == (local[0], remote[0])
-    assert (list(paired_local[1]), list(paired_remote[1])) == (
-        local[1],
-        remote[1][-1:],
+    assert pair(local, remote) == (
+        [local[0], local[1]],
+        [remote[0], remote[1][-1:]],
     )
 
 
@@ -160,22 +125,17 @@ def test_partial_local_hit_reads_only_the_uncomputed_suffix(
     not its first ones (upstream 0.22.1 asserts, and its front-trim would
     read prefill blocks 0.. into the decode side's suffix blocks)."""
     cached = 4
-    remote = prefill_side_block_ids(make_hybrid_scheduler, block_size)
+    remote = prefill_side_block_ids(
+        make_hybrid_scheduler(nixl_config()), PROMPT_BLOCKS * block_size
+    )
     local = decode_side_block_ids(
         make_hybrid_scheduler(nixl_config()), remote, num_cached_blocks=cached
     )
     assert len(local[0]) == PROMPT_BLOCKS - cached
 
-    paired_local, paired_remote = worker()._apply_prefix_caching(
-        [list(ids) for ids in local], [list(ids) for ids in remote], 1
-    )
-
-    assert list(zip(paired_local[0], paired_remote[0], strict=True)) == list(
-        zip(local[0], remote[0][cached:], strict=True)
-    )
-    assert (list(paired_local[1]), list(paired_remote[1])) == (
-        local[1],
-        remote[1][-1:],
+    assert pair(local, remote) == (
+        [local[0], local[1]],
+        [remote[0][cached:], remote[1][-1:]],
     )
 
 
@@ -184,7 +144,7 @@ def test_heterogeneous_kernel_blocks_keep_upstream_pairing() -> None:
     kernel blocks (heterogeneous TP), full attention keeps upstream's
     front-trim to the shorter list (vllm's own case: 12 local kernel blocks
     at 6 per logical block, 10 remote at 10)."""
-    paired_local, paired_remote = worker(6)._apply_prefix_caching(
+    paired_local, paired_remote = nixl_worker(6)._apply_prefix_caching(
         [list(range(12)), [42]], [list(range(10)), [42]], 10
     )
 
