@@ -14,6 +14,7 @@ import torch
 from vllm.config import VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -72,14 +73,17 @@ def single_group_kv_cache_config(num_blocks: int = NUM_GPU_BLOCKS) -> KVCacheCon
     )
 
 
-def hybrid_kv_cache_config(num_blocks: int = NUM_GPU_BLOCKS) -> KVCacheConfig:
+def hybrid_kv_cache_config(
+    num_blocks: int = NUM_GPU_BLOCKS, mamba_cache_mode: str = "align"
+) -> KVCacheConfig:
     """A full-attention group and a Mamba group in "align" mode (a state
-    checkpoint per block), as a hybrid model with prefix caching has."""
+    checkpoint per block), as a hybrid model with prefix caching has, or in
+    the given `mamba_cache_mode`."""
     mamba = MambaSpec(
         block_size=BLOCK_SIZE,
         shapes=((1, 1),),
         dtypes=(torch.float32,),
-        mamba_cache_mode="align",
+        mamba_cache_mode=mamba_cache_mode,
     )
     return KVCacheConfig(
         num_blocks=num_blocks,
@@ -125,3 +129,24 @@ def generation_request(
     if do_remote_prefill:
         request.kv_transfer_params = {"do_remote_prefill": True}
     return request
+
+
+def cache_prefix_without_recurrent_state(
+    manager: KVCacheManager, prefix_token_ids: list[int]
+) -> list[int]:
+    """Leave a decode instance's cache as P/D leaves it: the full-attention
+    blocks of the prefix (whole blocks of it) cached, no recurrent-state
+    checkpoint inside it. Returns the cached full-attention block ids."""
+    fill = generation_request("earlier", prefix_token_ids)
+    state_ids = set()
+    attention_ids: list[int] = []
+    for _ in range(len(prefix_token_ids) // BLOCK_SIZE):
+        manager.allocate_slots(fill, BLOCK_SIZE)
+        fill.num_computed_tokens += BLOCK_SIZE
+        # Align mode checkpoints the state in a new block at every boundary
+        # and drops the previous one from the request (it stays cached).
+        attention_ids, mamba_ids = manager.get_block_ids(fill.request_id)
+        state_ids.update(mamba_ids)
+    manager.free(fill)
+    manager.block_pool.evict_blocks(state_ids)
+    return list(attention_ids)

@@ -17,6 +17,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     SupportsHMA,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiConnector,
+)
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import Request
@@ -64,3 +67,22 @@ class RecordingHMAChild(SchedulerSideConnector, SupportsHMA):
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
         return False, None
+
+
+class StoreChild(RecordingHMAChild):
+    """An offloading tier as a MultiConnector child: a fixed synchronous hit
+    of `matched_tokens` (its extra config), and no recurrent-state restore."""
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        extra_config = self._kv_transfer_config.kv_connector_extra_config
+        return max(extra_config["matched_tokens"] - num_computed_tokens, 0), False
+
+
+def child_connectors(connector: MultiConnector) -> list[Any]:
+    """A MultiConnector's children: the `sub_connectors` property, which 0.22.1
+    lacks (it keeps them in `_connectors` only)."""
+    if hasattr(MultiConnector, "sub_connectors"):
+        return list(connector.sub_connectors)
+    return list(connector._connectors)

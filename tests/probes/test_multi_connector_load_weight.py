@@ -26,7 +26,7 @@ import pytest
 from conftest import LOAD_WEIGHT_KNOWN, MakeRequest, MakeScheduler, MakeVllmConfig
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scheduler_side_connector import RecordingHMAChild
+from scheduler_side_connector import RecordingHMAChild, child_connectors
 from vllm.config import KVTransferConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
@@ -91,14 +91,6 @@ def multi_connector_config(
         kv_role="kv_both",
         kv_connector_extra_config={"connectors": entries},
     )
-
-
-def child_connectors(connector: MultiConnector) -> list[Any]:
-    """The child connectors: the `sub_connectors` property, which 0.22.1 lacks
-    (it keeps them in `_connectors` only)."""
-    if hasattr(MultiConnector, "sub_connectors"):
-        return list(connector.sub_connectors)
-    return list(connector._connectors)
 
 
 def allocations(scheduler: Scheduler, request_id: str) -> list[int]:

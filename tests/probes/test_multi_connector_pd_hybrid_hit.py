@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import pytest
 from conftest import LOAD_WEIGHT_KNOWN, MakeScheduler
-from hybrid_scheduler import generation_request
-from scheduler_side_connector import RecordingHMAChild
+from hybrid_scheduler import cache_prefix_without_recurrent_state, generation_request
+from scheduler_side_connector import RecordingHMAChild, StoreChild, child_connectors
 from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiConnector,
+)
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -73,16 +76,6 @@ class PullChild(RecordingHMAChild):
             request.kv_transfer_params["do_remote_prefill"] = False
 
 
-class StoreChild(RecordingHMAChild):
-    """An offloading tier: a fixed synchronous hit of `matched_tokens`."""
-
-    def get_num_new_matched_tokens(
-        self, request: Request, num_computed_tokens: int
-    ) -> tuple[int | None, bool]:
-        extra_config = self._kv_transfer_config.kv_connector_extra_config
-        return max(extra_config["matched_tokens"] - num_computed_tokens, 0), False
-
-
 class IdleCapableChild(PullChild):
     """A P/D child that has nothing to pull for any request."""
 
@@ -90,6 +83,10 @@ class IdleCapableChild(PullChild):
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         return 0, False
+
+
+# The probe children by class name, for a MultiConnector config.
+CHILDREN = {c.__name__: c for c in (PullChild, StoreChild, IdleCapableChild)}
 
 
 def multi_connector_config(
@@ -102,7 +99,7 @@ def multi_connector_config(
         {
             "kv_connector": name,
             "kv_role": "kv_both",
-            "kv_connector_module_path": __name__,
+            "kv_connector_module_path": CHILDREN[name].__module__,
             "kv_connector_extra_config": {"matched_tokens": hit},
         }
         for name, hit in children
@@ -125,30 +122,18 @@ def make_prompt_request(
     return generation_request(request_id, prompt, do_remote_prefill)
 
 
-def cache_prefix_without_recurrent_state(
-    manager: KVCacheManager, block_size: int
-) -> list[int]:
-    """Leave the decode instance's cache as P/D leaves it: the prefix's
-    full-attention blocks cached, no recurrent-state checkpoint inside it.
+def cache_shared_prefix(manager: KVCacheManager, block_size: int) -> list[int]:
+    """The decode instance caches the shared prompt's first CACHED_BLOCKS
+    blocks for full attention only (see `cache_prefix_without_recurrent_state`).
     Returns the cached full-attention block ids."""
-    fill = make_prompt_request("earlier", CACHED_BLOCKS * block_size, False)
-    state_ids = set()
-    for _ in range(CACHED_BLOCKS):
-        manager.allocate_slots(fill, block_size)
-        fill.num_computed_tokens += block_size
-        # Align mode checkpoints the state in a new block at every boundary
-        # and drops the previous one from the request (it stays cached).
-        attention_ids, mamba_ids = manager.get_block_ids(fill.request_id)
-        state_ids.update(mamba_ids)
-    manager.free(fill)
-    manager.block_pool.evict_blocks(state_ids)
-    return list(attention_ids)
+    prefix = make_prompt_request("earlier", CACHED_BLOCKS * block_size, False)
+    return cache_prefix_without_recurrent_state(manager, prefix.prompt_token_ids)
 
 
-def children(scheduler: Scheduler) -> tuple[RecordingHMAChild, ...]:
+def children(scheduler: Scheduler) -> list[RecordingHMAChild]:
     connector = scheduler.connector
-    assert connector is not None
-    return tuple(connector.sub_connectors)  # type: ignore[attr-defined]
+    assert isinstance(connector, MultiConnector)
+    return child_connectors(connector)
 
 
 def schedule_prompt(
@@ -177,9 +162,7 @@ def test_decode_request_keeps_local_full_attention_prefix(
     scheduler = make_hybrid_scheduler(
         multi_connector_config(("PullChild", 0), ("StoreChild", 0))
     )
-    cached_ids = cache_prefix_without_recurrent_state(
-        scheduler.kv_cache_manager, block_size
-    )
+    cached_ids = cache_shared_prefix(scheduler.kv_cache_manager, block_size)
     _, (pulled, _) = schedule_prompt(scheduler, block_size)
 
     attention_ids = scheduler.kv_cache_manager.get_block_ids("decode")[0]
@@ -207,7 +190,7 @@ def test_decode_request_loads_only_from_capable_child(
     scheduler = make_hybrid_scheduler(
         multi_connector_config(("StoreChild", store_hit), ("PullChild", 0))
     )
-    cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
+    cache_shared_prefix(scheduler.kv_cache_manager, block_size)
     _, loaded = schedule_prompt(scheduler, block_size)
 
     assert loaded == (0, (PROMPT_BLOCKS - CACHED_BLOCKS) * block_size)
@@ -224,7 +207,7 @@ def test_weights_do_not_move_a_diverged_decode_request_off_its_capable_child(
             ("StoreChild", store_hit), ("PullChild", 0), weights=(100.0, 1.0)
         )
     )
-    cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
+    cache_shared_prefix(scheduler.kv_cache_manager, block_size)
     _, loaded = schedule_prompt(scheduler, block_size)
 
     assert loaded == (0, (PROMPT_BLOCKS - CACHED_BLOCKS) * block_size)
@@ -271,7 +254,7 @@ def test_capable_child_without_tokens_falls_back_to_common_hit(
     scheduler = make_hybrid_scheduler(
         multi_connector_config(("IdleCapableChild", 0), ("StoreChild", 0))
     )
-    cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
+    cache_shared_prefix(scheduler.kv_cache_manager, block_size)
     output, loaded = schedule_prompt(scheduler, block_size)
 
     assert loaded == (0, 0)
@@ -288,7 +271,7 @@ def test_ordinary_request_keeps_the_common_hit(
     scheduler = make_hybrid_scheduler(
         multi_connector_config(("PullChild", 0), ("StoreChild", store_hit))
     )
-    cache_prefix_without_recurrent_state(scheduler.kv_cache_manager, block_size)
+    cache_shared_prefix(scheduler.kv_cache_manager, block_size)
     output, loaded = schedule_prompt(scheduler, block_size, do_remote_prefill=False)
 
     assert loaded == (0, store_hit)

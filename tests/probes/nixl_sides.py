@@ -1,0 +1,73 @@
+"""Both sides of a NIXL P/D pair for the probes, from real vLLM parts.
+
+The prefill side's block ids come from a real KV cache manager that computed
+the prompt; the decode side is a real `Scheduler` with NixlConnector's
+scheduler side (which needs no NIXL agent); the worker that pairs the two
+block lists is NIXL's real `NixlConnectorWorker`, built without `__init__`
+(which needs a NIXL agent and registered device KV caches) with what
+`__init__` derives from the KV cache config, as upstream's own tests of its
+block pairing build it.
+"""
+
+from __future__ import annotations
+
+from hybrid_scheduler import generation_request, hybrid_kv_cache_config
+from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import (
+    NixlConnectorWorker,
+)
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+from vllm.v1.request import Request
+
+
+def nixl_config() -> KVTransferConfig:
+    """NixlConnector on an instance that serves both P/D roles."""
+    return KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both")
+
+
+def prompt(num_tokens: int) -> list[int]:
+    """The probes' shared prompt, or its first `num_tokens` tokens."""
+    return [(5 * i) % 200 + 3 for i in range(num_tokens)]
+
+
+def prefill_side_block_ids(
+    scheduler: Scheduler, num_tokens: int
+) -> tuple[list[int], ...]:
+    """The block ids a prefill instance sends for a prompt of `num_tokens`:
+    it computes all but the last token (NixlConnector truncates a hybrid
+    model's prompt on that side) and sends what its KV cache manager holds
+    (`NixlConnectorScheduler.request_finished`)."""
+    request = generation_request("prefill", prompt(num_tokens)[:-1])
+    scheduler.kv_cache_manager.allocate_slots(request, request.num_tokens)
+    return scheduler.kv_cache_manager.get_block_ids("prefill")
+
+
+def decode_request(
+    num_tokens: int, remote_block_ids: tuple[list[int], ...], request_id: str
+) -> Request:
+    """A P/D decode request as upstream's proxy hands it to the decode
+    instance: NixlConnector pulls its prompt from the prefill instance."""
+    request = generation_request(request_id, prompt(num_tokens))
+    request.kv_transfer_params = {
+        "do_remote_prefill": True,
+        "remote_block_ids": [list(ids) for ids in remote_block_ids],
+        "remote_engine_id": "prefill-engine",
+        "remote_request_id": "prefill",
+        "remote_host": "127.0.0.1",
+        "remote_port": 1,
+        "tp_size": 1,
+    }
+    return request
+
+
+def nixl_worker(physical_blocks_per_logical: int = 1) -> NixlConnectorWorker:
+    """NIXL's worker for the probes' hybrid KV cache config: a Mamba group
+    present, the group spec types, and the kernel blocks per logical block
+    (1: the kernel block size is the block size)."""
+    worker = object.__new__(NixlConnectorWorker)
+    worker.kv_cache_config = hybrid_kv_cache_config()
+    worker._has_mamba = True
+    worker._group_spec_types = (FullAttentionSpec, MambaSpec)
+    worker._physical_blocks_per_logical_kv_block = physical_blocks_per_logical
+    return worker

@@ -1,0 +1,152 @@
+"""Probe: NIXL's decode side pairs a hybrid model's blocks with the prefill
+side's when Mamba prefix caching ("align") is on.
+
+In align mode a request's Mamba group holds null padding up to its state
+slot, so the block ids the prefill instance sends for it (what
+`request_finished` reads from its KV cache manager) are `[0, ..., 0, S]`,
+while the decode instance receives only the state slot it allocated (`[s]`:
+`get_unhashed_block_ids_all_groups` skips null blocks). Up to 0.22.x
+`NixlConnectorWorker._apply_prefix_caching` asserts that both lists are
+equally long, so the first align-mode transfer kills the decode worker; and
+for full attention it front-trims both lists to the shorter one, so a decode
+instance that reuses a cached prefix would read the prefill side's first
+blocks into its suffix blocks. Patched (vllm#42554's worker part), the SSM
+state slots pair with the remote list's last ones and full attention reads
+only the uncomputed suffix. The parts are real (see `nixl_sides.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import MakeScheduler
+from hybrid_scheduler import cache_prefix_without_recurrent_state
+from nixl_sides import (
+    decode_request,
+    nixl_config,
+    nixl_worker,
+    prefill_side_block_ids,
+    prompt,
+)
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+
+PROMPT_BLOCKS = 7
+
+
+@pytest.fixture(autouse=True)
+def _fixed_block_hash_seed() -> None:
+    init_none_hash(sha256)
+
+
+def decode_side_block_ids(
+    scheduler: Scheduler,
+    remote_block_ids: tuple[list[int], ...],
+    num_cached_blocks: int = 0,
+) -> tuple[list[int], ...]:
+    """The local block ids NixlConnector's decode side hands its worker for
+    a P/D decode request of the prompt, whose first `num_cached_blocks`
+    blocks the decode instance caches for full attention (a P/D decode
+    instance holds no recurrent-state checkpoint of a pulled prompt). The
+    blocks are allocated as `Scheduler.schedule()` allocates them for an
+    asynchronous load, without its local-hit lookup (on 0.22.1 that lookup
+    drops a full-attention hit the recurrent group does not share; the
+    scheduler side is proven in `test_nixl_pd_decode_hybrid_hit.py`)."""
+    manager = scheduler.kv_cache_manager
+    connector: Any = scheduler.connector
+    block_size = scheduler.block_size
+    cache_prefix_without_recurrent_state(
+        manager, prompt(num_cached_blocks * block_size)
+    )
+    request = decode_request(PROMPT_BLOCKS * block_size, remote_block_ids, "decode")
+    hit = [
+        manager.block_pool.get_cached_block(block_hash, [0])[0]
+        for block_hash in request.block_hashes[:num_cached_blocks]
+    ]
+    num_local = num_cached_blocks * block_size
+    num_external, load_async = connector.get_num_new_matched_tokens(request, num_local)
+    assert load_async and num_external == request.num_tokens - 1 - num_local
+    manager.allocate_slots(
+        request,
+        0,
+        num_new_computed_tokens=num_local,
+        new_computed_blocks=manager.create_kv_cache_blocks((hit, [])),
+        num_external_computed_tokens=num_external,
+        delay_cache_blocks=True,
+    )
+    connector.update_state_after_alloc(
+        request, manager.get_blocks("decode"), num_external
+    )
+    _, local_block_ids = connector.connector_scheduler._reqs_need_recv["decode"]
+    return local_block_ids
+
+
+def pair(
+    local: tuple[list[int], ...],
+    remote: tuple[list[int], ...],
+    physical_blocks_per_logical: int = 1,
+) -> tuple[list[list[int]], list[list[int]]]:
+    """What the worker reads (remote) into what (local), per group."""
+    paired_local, paired_remote = nixl_worker(
+        physical_blocks_per_logical
+    )._apply_prefix_caching(
+        [list(ids) for ids in local],
+        [list(ids) for ids in remote],
+        physical_blocks_per_logical,
+    )
+    return [list(ids) for ids in paired_local], [list(ids) for ids in paired_remote]
+
+
+def test_align_mode_transfer_pairs_the_state_slot(
+    make_hybrid_scheduler: MakeScheduler, block_size: int
+) -> None:
+    """Nothing cached on the decode side: every full-attention block pairs
+    with its remote one, and the one local state slot with the remote
+    list's last (upstream 0.22.1 asserts the SSM lists equally long)."""
+    remote = prefill_side_block_ids(
+        make_hybrid_scheduler(nixl_config()), PROMPT_BLOCKS * block_size
+    )
+    local = decode_side_block_ids(make_hybrid_scheduler(nixl_config()), remote)
+    assert remote[1][:-1] == [0] * (len(remote[1]) - 1), "align-mode null padding"
+
+    assert pair(local, remote) == (
+        [local[0], local[1]],
+        [remote[0], remote[1][-1:]],
+    )
+
+
+def test_partial_local_hit_reads_only_the_uncomputed_suffix(
+    make_hybrid_scheduler: MakeScheduler, block_size: int
+) -> None:
+    """The decode side caches the prompt's first 4 full-attention blocks and
+    allocated only the rest: those pair with the prefill side's last blocks,
+    not its first ones (upstream 0.22.1 asserts, and its front-trim would
+    read prefill blocks 0.. into the decode side's suffix blocks)."""
+    cached = 4
+    remote = prefill_side_block_ids(
+        make_hybrid_scheduler(nixl_config()), PROMPT_BLOCKS * block_size
+    )
+    local = decode_side_block_ids(
+        make_hybrid_scheduler(nixl_config()), remote, num_cached_blocks=cached
+    )
+    assert len(local[0]) == PROMPT_BLOCKS - cached
+
+    assert pair(local, remote) == (
+        [local[0], local[1]],
+        [remote[0][cached:], remote[1][-1:]],
+    )
+
+
+def test_heterogeneous_kernel_blocks_keep_upstream_pairing() -> None:
+    """Scope: when the two sides map a logical block to different numbers of
+    kernel blocks (heterogeneous TP), full attention keeps upstream's
+    front-trim to the shorter list (vllm's own case: 12 local kernel blocks
+    at 6 per logical block, 10 remote at 10)."""
+    paired_local, paired_remote = nixl_worker(6)._apply_prefix_caching(
+        [list(range(12)), [42]], [list(range(10)), [42]], 10
+    )
+
+    assert paired_local == [list(range(10)), [42]]
+    assert paired_remote == [list(range(10)), [42]]
