@@ -14,7 +14,8 @@ Every other model, sliding-window ones included, keeps HMA off and the adapter
 exactly as upstream.
 
 The configs are vLLM's own, for tiny local model configs of the real
-architectures (Qwen3.5, Gemma 3, Llama). The LMCache adapter is
+architectures (Qwen3.5, or Qwen3-Next where the release has no text-only
+Qwen3.5; Gemma 3; Llama). The LMCache adapter is
 `lmcache_fake_adapter`, which records what the connector builds and hands it;
 `test_lmcache_real_adapter.py` drives the real lmcache package.
 """
@@ -39,6 +40,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import (
     LMCacheConnectorV1,
 )
+from vllm.model_executor.models import ModelRegistry
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -99,6 +101,26 @@ QWEN3_5_CONFIG = {
     "linear_value_head_dim": 32,
     "linear_conv_kernel_dim": 4,
 }
+# Qwen3-Next's layout is Qwen3.5's (with MoE layers). 0.22.1 registers no
+# text-only Qwen3.5 (only the multimodal Qwen3_5ForConditionalGeneration, for
+# which the scheduler wants an image processor), so there the probes use this.
+QWEN3_NEXT_CONFIG = {
+    **QWEN3_5_CONFIG,
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "full_attention_interval": 4,
+    "num_experts": 2,
+    "num_experts_per_tok": 1,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
+HYBRID_CONFIG = (
+    QWEN3_5_CONFIG
+    if "Qwen3_5ForCausalLM" in ModelRegistry.get_supported_archs()
+    else QWEN3_NEXT_CONFIG
+)
 # Gemma 3's layout: sliding-window layers with a global one.
 GEMMA3_CONFIG = {
     **_COMMON_CONFIG,
@@ -118,8 +140,8 @@ def write_model(directory: Path, config: dict[str, Any]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def qwen3_5_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("models") / "qwen3_5", QWEN3_5_CONFIG)
+def hybrid_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_model(tmp_path_factory.mktemp("models") / "hybrid", HYBRID_CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -166,12 +188,12 @@ def lmcache_mp_warnings(records: list[logging.LogRecord]) -> list[str]:
 
 
 def test_hybrid_model_starts_with_lmcache(
-    make_vllm_config: MakeVllmConfig, qwen3_5_dir: Path
+    make_vllm_config: MakeVllmConfig, hybrid_model_dir: Path
 ) -> None:
     """A hybrid model with LMCacheConnectorV1 keeps the hybrid KV cache
     manager and gets one group per layer kind, where upstream turns the
     manager off and then fails to unify the layers."""
-    vllm_config = hybrid_lmcache_config(make_vllm_config, qwen3_5_dir)
+    vllm_config = hybrid_lmcache_config(make_vllm_config, hybrid_model_dir)
     assert vllm_config.model_config.is_hybrid
     assert vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False, (
         "LMCacheConnectorV1 turned the hybrid KV cache manager off"
@@ -184,7 +206,7 @@ def test_hybrid_model_starts_with_lmcache(
 
 
 def test_hybrid_model_starts_with_lmcache_as_multi_connector_child(
-    make_vllm_config: MakeVllmConfig, qwen3_5_dir: Path
+    make_vllm_config: MakeVllmConfig, hybrid_model_dir: Path
 ) -> None:
     """MultiConnector[HMA-capable child, LMCacheConnectorV1], e.g. P/D next
     to a CPU tier, keeps the manager for a hybrid model too."""
@@ -202,7 +224,7 @@ def test_hybrid_model_starts_with_lmcache_as_multi_connector_child(
             ]
         },
     )
-    vllm_config = hybrid_lmcache_config(make_vllm_config, qwen3_5_dir, config)
+    vllm_config = hybrid_lmcache_config(make_vllm_config, hybrid_model_dir, config)
     assert vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is False, (
         "a MultiConnector with an LMCacheConnectorV1 child turned the hybrid KV "
         "cache manager off"
@@ -211,7 +233,7 @@ def test_hybrid_model_starts_with_lmcache_as_multi_connector_child(
 
 def test_hybrid_model_never_builds_the_lmcache_adapter(
     make_vllm_config: MakeVllmConfig,
-    qwen3_5_dir: Path,
+    hybrid_model_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
     vllm_log_records: list[logging.LogRecord],
 ) -> None:
@@ -220,7 +242,7 @@ def test_hybrid_model_never_builds_the_lmcache_adapter(
     the scheduler's connector says once what to use instead, with the
     settings for this block size."""
     adapter_cls = install_fake_adapter(monkeypatch, matched_tokens=4 * BLOCK_SIZE)
-    vllm_config = hybrid_lmcache_config(make_vllm_config, qwen3_5_dir)
+    vllm_config = hybrid_lmcache_config(make_vllm_config, hybrid_model_dir)
     for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
         LMCacheConnectorV1(vllm_config, role, hybrid_kv_cache_config())
 
@@ -241,7 +263,7 @@ def test_hybrid_model_never_builds_the_lmcache_adapter(
 def test_hybrid_model_serves_requests_with_zero_lmcache_hits(
     make_vllm_config: MakeVllmConfig,
     make_request: MakeRequest,
-    qwen3_5_dir: Path,
+    hybrid_model_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The real scheduler over a hybrid model's groups schedules a request
@@ -249,7 +271,7 @@ def test_hybrid_model_serves_requests_with_zero_lmcache_hits(
     external tokens), and finishes it through the HMA path (upstream asserts
     a single group there)."""
     install_fake_adapter(monkeypatch, matched_tokens=4 * BLOCK_SIZE)
-    vllm_config = hybrid_lmcache_config(make_vllm_config, qwen3_5_dir)
+    vllm_config = hybrid_lmcache_config(make_vllm_config, hybrid_model_dir)
     scheduler = start_scheduler(vllm_config, hybrid_kv_cache_config())
     request = make_request("hybrid", 6 * BLOCK_SIZE)
     scheduler.add_request(request)

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from importlib.abc import MetaPathFinder
 from importlib.machinery import ModuleSpec
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -68,7 +68,11 @@ from vllm.distributed import (
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.model_executor.models import ModelRegistry
-from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+from vllm.platforms import current_platform
+from vllm.v1.attention.backends.registry import (
+    AttentionBackendEnum,
+    MambaAttentionBackendEnum,
+)
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -77,7 +81,12 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from vllm.v1.request import RequestStatus
-from vllm.v1.worker.utils import allocate_kv_cache
+
+try:
+    from vllm.v1.worker.utils import allocate_kv_cache
+except ImportError:  # 0.22.1: allocation is GPUModelRunner's own (see `allocate`)
+    allocate_kv_cache = None
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 try:  # 0.33.0 moved KV cache planning out of kv_cache_utils.
     from vllm.v1.core.kv_cache_planning import (
@@ -123,6 +132,26 @@ QWEN3_5 = {
     "linear_conv_kernel_dim": 4,
     "eos_token_id": 2,
 }
+# Qwen3-Next's layout is Qwen3.5's (with MoE layers). 0.22.1 registers no
+# text-only Qwen3.5 (only the multimodal Qwen3_5ForConditionalGeneration, for
+# which the scheduler wants an image processor), so there the hybrid is this.
+QWEN3_NEXT = {
+    **QWEN3_5,
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "full_attention_interval": 4,
+    "num_experts": 2,
+    "num_experts_per_tok": 1,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+}
+HYBRID = (
+    QWEN3_5
+    if "Qwen3_5ForCausalLM" in ModelRegistry.get_supported_archs()
+    else QWEN3_NEXT
+)
 # google/gemma-3-1b-it's layers: 26, five sliding-window (512 tokens) layers
 # to one global layer.
 GEMMA3 = {
@@ -146,7 +175,7 @@ GEMMA3 = {
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Local model directories, so `ModelConfig` never asks a model hub."""
     dirs = {}
-    for name, config in (("qwen3.5", QWEN3_5), ("gemma3", GEMMA3)):
+    for name, config in (("qwen3.5", HYBRID), ("gemma3", GEMMA3)):
         model_dir = tmp_path_factory.mktemp(name)
         (model_dir / "config.json").write_text(json.dumps(config))
         dirs[name] = model_dir
@@ -220,6 +249,16 @@ def plan_kv_cache(vllm_config: VllmConfig) -> KVCacheConfig:
     """Group and size the KV cache as the engine core does at start-up, and
     record the block count in the config, as it does before it creates the
     scheduler."""
+    if allocate_kv_cache is None and vllm_config.model_config.is_hybrid:
+        # 0.22.1 aligns a hybrid model's attention block and Mamba page sizes
+        # in the worker, with the loaded model's attention backend
+        # (`Platform.update_block_size_for_backend`,
+        # vllm/platforms/interface.py:470-505), before the engine core plans
+        # the KV cache; the CPU platform's backend is CPU_ATTN
+        # (vllm/platforms/cpu.py:86).
+        current_platform._align_hybrid_block_size(
+            vllm_config, AttentionBackendEnum.CPU_ATTN.get_class()
+        )
     specs = [layer_specs(vllm_config)]
     if get_global_kv_cache_groups is None:
         [config] = get_kv_cache_configs(vllm_config, specs, [KV_CACHE_BYTES])
@@ -235,7 +274,14 @@ def allocate(
 ) -> dict[str, torch.Tensor]:
     """The tensors a worker registers with its connector, from vLLM's own
     allocator (as `GPUModelRunner.initialize_kv_cache_tensors`), in CPU
-    memory."""
+    memory. 0.22.1 has no allocator outside the runner, whose reshaping needs
+    the attention backends of a loaded model: there these are the runner's
+    own raw per-layer buffers, its first step
+    (`GPUModelRunner._allocate_kv_cache_tensors`), which is enough for a
+    connector that must not hand them to lmcache at all."""
+    if allocate_kv_cache is None:
+        runner = SimpleNamespace(device=torch.device("cpu"), runner_only_attn_layers=())
+        return GPUModelRunner._allocate_kv_cache_tensors(runner, kv_cache_config)
     return allocate_kv_cache(
         kv_cache_config,
         torch.device("cpu"),

@@ -280,27 +280,33 @@ def _supports_hma(factory: Any, kv_transfer: Any, model_config: Any) -> bool:
     transfer config alone, as upstream; and by the classes where the factory
     has no such method (0.22.1)."""
     if not hasattr(factory, "supports_hma_config"):
-        return _supports_hma_by_class(factory, kv_transfer)
+        return _supports_hma_by_class(factory, kv_transfer, model_config)
     if "model_config" in inspect.signature(factory.supports_hma_config).parameters:
         return factory.supports_hma_config(kv_transfer, model_config)
     return factory.supports_hma_config(kv_transfer)
 
 
-def _supports_hma_by_class(factory: Any, kv_transfer: Any) -> bool:
+def _supports_hma_by_class(factory: Any, kv_transfer: Any, model_config: Any) -> bool:
     """0.22.1's rule (`VllmConfig.__post_init__`, vllm/config/vllm.py:1448-1470
-    there): the connector's class subclasses `SupportsHMA` and, for a
-    MultiConnector, so does every child's class."""
+    there): `supports_hma` of the connector's class and, for a MultiConnector,
+    of every child's class; for this model where `supports_hma` takes one (the
+    0.22.1 form of lmcache-connector-hybrid-kv.patch), as `VllmConfig` asks."""
     from vllm.config import KVTransferConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
 
+    def supported(cls: Any) -> bool:
+        if "model_config" in inspect.signature(supports_hma).parameters:
+            return supports_hma(cls, model_config)
+        return supports_hma(cls)
+
     cls = factory.get_connector_class(kv_transfer)
-    if not supports_hma(cls):
+    if not supported(cls):
         return False
     if cls.__name__ != MULTI:
         return True
     children = kv_transfer.kv_connector_extra_config.get("connectors", [])
     return all(
-        supports_hma(factory.get_connector_class(KVTransferConfig(**child)))
+        supported(factory.get_connector_class(KVTransferConfig(**child)))
         for child in children
     )
 
