@@ -62,9 +62,23 @@ def test_dropped_patches_are_listed_newest_first(project):
         )
     )
     table = render_table(project.patches)
-    assert table.index("| `p11.patch` | s11 | 9.9.0 | 9.11.0 | r | none |") < (
-        table.index("| `p10.patch` |")
+    assert table.index(
+        "| `p11.patch` | s11 | 9.9.0 | 9.11.0 | r | none | not carried |"
+    ) < table.index("| `p10.patch` |")
+
+
+def test_a_dropped_patch_written_again_for_its_release_says_so(project):
+    """A patch a rebase dropped for a release stays in the append-only history
+    when the release's series carries it again."""
+    (project.patches / HISTORY_FILE).write_text(
+        '[[dropped]]\npatch = "scheduler-demo.patch"\nsubject = "s"\n'
+        'series = "9.8.0"\nrelease = "9.9.0"\nreason = "r"\n'
+        'upstream_status = "Pending"\nupstream_pr = "none"\n'
     )
+    assert (
+        "| `scheduler-demo.patch` | s | 9.8.0 | 9.9.0 | r | none "
+        "| carried again in the 9.9.0 series |"
+    ) in render_table(project.patches)
 
 
 def test_history_entry_with_a_missing_key_fails_lint(project):

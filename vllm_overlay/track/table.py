@@ -75,14 +75,18 @@ def _pending_section(
 
 
 def _history_section(patches_root: Path) -> str:
-    """The dropped patches, newest first, from the append-only history."""
+    """The dropped patches, newest first, from the append-only history.
+
+    A patch dropped by a rebase can come back later, written for that release
+    by hand (a conflict skipped, then redone); the history keeps the drop, so
+    the last column says whether the release's series carries the patch now."""
     dropped = read_history(patches_root)
     if not dropped:
         return ""
     rows = [
         "\n## Dropped patches\n\n"
-        "| patch | summary | series | dropped for | why | Upstream-PR |\n"
-        "|---|---|---|---|---|---|\n"
+        "| patch | summary | series | dropped for | why | Upstream-PR | now |\n"
+        "|---|---|---|---|---|---|---|\n"
     ]
     for entry in reversed(dropped):
         cells = (
@@ -92,6 +96,18 @@ def _history_section(patches_root: Path) -> str:
             entry.release,
             _cell(entry.reason),
             _cell(entry.upstream_pr),
+            _now(patches_root, entry.release, entry.patch),
         )
         rows.append("| " + " | ".join(cells) + " |\n")
     return "".join(rows)
+
+
+def _now(patches_root: Path, release: str, patch: str) -> str:
+    """Whether `release`'s series carries `patch` again."""
+    pins = load_pins(patches_root / PINS_FILE)
+    if release not in pins or not has_series(patches_root, release):
+        return "not carried"
+    names = {
+        carried.name for carried in load_series(patches_root, pins[release]).patches
+    }
+    return f"carried again in the {release} series" if patch in names else "not carried"
