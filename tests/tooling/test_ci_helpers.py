@@ -91,9 +91,9 @@ def test_pytest_runs_inherit_neither_pythonpath_nor_the_platform(monkeypatch):
 
 
 def test_probes_a_series_does_not_carry_are_left_out_for_that_release_only():
-    lmcache_probes = "--ignore=tests/probes/test_lmcache_hybrid.py"
-    assert lmcache_probes in our_deselection_args("0.22.1")
-    assert lmcache_probes not in our_deselection_args("0.32.0")
+    backport_probes = "--ignore=tests/probes/test_nixl_worker_hybrid_blocks.py"
+    assert backport_probes in our_deselection_args("0.32.0")
+    assert backport_probes not in our_deselection_args("0.22.1")
 
 
 def test_a_deselection_of_our_tests_naming_no_test_is_refused(tmp_path):
