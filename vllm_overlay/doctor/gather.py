@@ -133,12 +133,22 @@ def hybrid_block_size(config: Any) -> int | None:
                 scratch.cache_config.cache_dtype,
                 use_mla=model.use_mla,
             )
-        layers = classmethod(lambda cls, vllm_config: [backend])
-        with mock.patch.object(platform, "_find_non_ssm_backends", layers):
+        with _layers_backed_by(platform, backend):
             platform.update_block_size_for_backend(scratch)
     except Exception:  # private internals: any failure means "not known"
         return None
     return scratch.cache_config.block_size
+
+
+def _layers_backed_by(platform: type, backend: Any) -> Any:
+    """Stand `backend` in for the model's attention layers where the
+    platform looks them up: `_find_non_ssm_backends` (a list, 0.31.0 on) or,
+    in older releases (0.22.1), `_find_non_ssm_backend` (the first one)."""
+    if hasattr(platform, "_find_non_ssm_backends"):
+        found = classmethod(lambda cls, vllm_config: [backend])
+        return mock.patch.object(platform, "_find_non_ssm_backends", found)
+    first = classmethod(lambda cls, vllm_config: backend)
+    return mock.patch.object(platform, "_find_non_ssm_backend", first)
 
 
 def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
