@@ -1,7 +1,9 @@
+
 """`vllm-overlay lint` beyond one series' files: tests no patch cites, the
 append-only history against git's HEAD, and each series applied to its
 release's cached sources."""
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -111,6 +113,27 @@ def test_a_new_entry_among_the_committed_ones_is_rejected(project, committed_his
     committed_history.write_text(text[:second] + extra + text[second:])
     (problem,) = lint(project.patches)
     assert "reordered or have new entries among them" in problem
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the checkout away")
+def test_the_history_check_reads_the_checkout_with_the_users_git_config(
+    project, committed_history, tmp_path, monkeypatch
+):
+    """A checkout owned by another user (a volume mounted into a container)
+    is read by git only where the user's config lists it in `safe.directory`;
+    lint reads the maintainer's own checkout with their config, so the
+    append-only check still runs there."""
+    text = committed_history.read_text()
+    committed_history.write_text(text.replace("reverse-applies", "absorbed", 1))
+    for path in (project.root, *project.root.rglob("*")):
+        os.lchown(path, 12345, 12345)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(f"[safe]\n\tdirectory = {project.root}\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    (problem,) = lint(project.patches)
+    assert "committed entry 1 (old.patch" in problem and "was edited" in problem
 
 
 def test_outside_git_the_history_check_is_skipped(project, capsys):

@@ -258,17 +258,25 @@ def history_edits(checkout: Checkout) -> list[str]:
 def _committed_history(patches_root: Path) -> str | None:
     """The history file's text at HEAD, or None when there is nothing to
     compare with: no commit holds it yet, or the check cannot run here (said
-    on stderr)."""
+    on stderr).
+
+    The checkout is the maintainer's own, so git reads it with their config:
+    a checkout owned by another user is readable only where that config lists
+    it in `safe.directory`."""
     check = "the append-only check of the history"
     try:
-        inside = git_run(patches_root, "rev-parse", "--is-inside-work-tree")
+        inside = git_run(
+            patches_root, "rev-parse", "--is-inside-work-tree", user_config=True
+        )
     except FileNotFoundError:
         _skipped(check, "git is not installed")
         return None
     if inside.returncode != 0 or inside.stdout.strip() != "true":
         _skipped(check, f"{patches_root} is not in a git checkout")
         return None
-    shown = git_run(patches_root, "show", f"HEAD:./{HISTORY_FILE.as_posix()}")
+    shown = git_run(
+        patches_root, "show", f"HEAD:./{HISTORY_FILE.as_posix()}", user_config=True
+    )
     return shown.stdout if shown.returncode == 0 else None
 
 
