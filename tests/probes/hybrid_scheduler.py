@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 from vllm.config import VllmConfig
+from vllm.model_executor.models import ModelRegistry
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -55,6 +56,28 @@ def tiny_llama_config(max_model_len: int) -> dict[str, object]:
         "bos_token_id": 1,
         "eos_token_id": 2,
         "torch_dtype": "float32",
+    }
+
+
+def text_hybrid_config(qwen3_5: dict[str, object]) -> dict[str, object]:
+    """`qwen3_5`, a text-only Qwen3.5 `config.json`, where the installed vLLM
+    registers that model; else the same layout as Qwen3-Next (Qwen3.5's with
+    MoE layers). 0.22.1 registers only the multimodal Qwen3.5
+    (Qwen3_5ForConditionalGeneration), for which the scheduler wants an image
+    processor."""
+    if "Qwen3_5ForCausalLM" in ModelRegistry.get_supported_archs():
+        return qwen3_5
+    return {
+        **qwen3_5,
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "full_attention_interval": 4,
+        "num_experts": 2,
+        "num_experts_per_tok": 1,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
     }
 
 

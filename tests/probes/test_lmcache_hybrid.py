@@ -33,14 +33,18 @@ from conftest import (
     MakeRequest,
     MakeVllmConfig,
 )
-from hybrid_scheduler import BLOCK_SIZE, NUM_GPU_BLOCKS, start_scheduler
+from hybrid_scheduler import (
+    BLOCK_SIZE,
+    NUM_GPU_BLOCKS,
+    start_scheduler,
+    text_hybrid_config,
+)
 from lmcache_fake_adapter import install_fake_adapter
 from vllm.config import KVTransferConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import (
     LMCacheConnectorV1,
 )
-from vllm.model_executor.models import ModelRegistry
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -101,26 +105,7 @@ QWEN3_5_CONFIG = {
     "linear_value_head_dim": 32,
     "linear_conv_kernel_dim": 4,
 }
-# Qwen3-Next's layout is Qwen3.5's (with MoE layers). 0.22.1 registers no
-# text-only Qwen3.5 (only the multimodal Qwen3_5ForConditionalGeneration, for
-# which the scheduler wants an image processor), so there the probes use this.
-QWEN3_NEXT_CONFIG = {
-    **QWEN3_5_CONFIG,
-    "architectures": ["Qwen3NextForCausalLM"],
-    "model_type": "qwen3_next",
-    "full_attention_interval": 4,
-    "num_experts": 2,
-    "num_experts_per_tok": 1,
-    "moe_intermediate_size": 32,
-    "shared_expert_intermediate_size": 32,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-}
-HYBRID_CONFIG = (
-    QWEN3_5_CONFIG
-    if "Qwen3_5ForCausalLM" in ModelRegistry.get_supported_archs()
-    else QWEN3_NEXT_CONFIG
-)
+HYBRID_CONFIG = text_hybrid_config(QWEN3_5_CONFIG)
 # Gemma 3's layout: sliding-window layers with a global one.
 GEMMA3_CONFIG = {
     **_COMMON_CONFIG,

@@ -52,7 +52,7 @@ from conftest import (
     MakeRequest,
     MakeVllmConfig,
 )
-from hybrid_scheduler import BLOCK_SIZE, start_scheduler
+from hybrid_scheduler import BLOCK_SIZE, start_scheduler, text_hybrid_config
 from torch.overrides import TorchFunctionMode
 from vllm.config import (
     KVTransferConfig,
@@ -132,26 +132,7 @@ QWEN3_5 = {
     "linear_conv_kernel_dim": 4,
     "eos_token_id": 2,
 }
-# Qwen3-Next's layout is Qwen3.5's (with MoE layers). 0.22.1 registers no
-# text-only Qwen3.5 (only the multimodal Qwen3_5ForConditionalGeneration, for
-# which the scheduler wants an image processor), so there the hybrid is this.
-QWEN3_NEXT = {
-    **QWEN3_5,
-    "architectures": ["Qwen3NextForCausalLM"],
-    "model_type": "qwen3_next",
-    "full_attention_interval": 4,
-    "num_experts": 2,
-    "num_experts_per_tok": 1,
-    "moe_intermediate_size": 32,
-    "shared_expert_intermediate_size": 32,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-}
-HYBRID = (
-    QWEN3_5
-    if "Qwen3_5ForCausalLM" in ModelRegistry.get_supported_archs()
-    else QWEN3_NEXT
-)
+HYBRID = text_hybrid_config(QWEN3_5)
 # google/gemma-3-1b-it's layers: 26, five sliding-window (512 tokens) layers
 # to one global layer.
 GEMMA3 = {

@@ -67,6 +67,31 @@ def reused(scheduler: Scheduler, cached_ids: list[int]) -> int:
     return len(set(attention_ids) & set(cached_ids))
 
 
+def pull_only_the_uncached_suffix(
+    scheduler: Scheduler, block_size: int, remote: Any
+) -> Any:
+    """Cache the prompt's first CACHED_BLOCKS blocks for full attention only,
+    schedule the decode request of the whole prompt (the prefill side's
+    blocks: `remote`), and check that it waits for NIXL with those blocks
+    reused and only the rest pulled; returns its local block ids."""
+    cached_ids = cache_prefix_without_recurrent_state(
+        scheduler.kv_cache_manager, prompt(CACHED_BLOCKS * block_size)
+    )
+    scheduler.add_request(decode_request(PROMPT_BLOCKS * block_size, remote, "decode"))
+    local = recv_block_ids(scheduler.schedule())
+
+    assert scheduler.requests["decode"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    # Both counts in one comparison, so a failure reports both.
+    assert {
+        "full-attention blocks pulled": len(local[0]),
+        "cached prefix blocks reused": reused(scheduler, cached_ids),
+    } == {
+        "full-attention blocks pulled": PROMPT_BLOCKS - CACHED_BLOCKS,
+        "cached prefix blocks reused": CACHED_BLOCKS,
+    }
+    return local
+
+
 @pytest.fixture
 def make_all_mode_hybrid_scheduler(make_vllm_config: MakeVllmConfig) -> MakeScheduler:
     """The hybrid scheduler with Mamba prefix caching in "all" mode, where
@@ -90,23 +115,8 @@ def test_decode_request_keeps_local_full_attention_prefix(
     the decode request reuses those P tokens' blocks and NIXL pulls the rest
     (upstream 0.22.1's common hit is 0: it pulls everything into new
     blocks)."""
-    num_tokens = PROMPT_BLOCKS * block_size
     scheduler = make_all_mode_hybrid_scheduler(nixl_config())
-    cached_ids = cache_prefix_without_recurrent_state(
-        scheduler.kv_cache_manager, prompt(CACHED_BLOCKS * block_size)
-    )
-    scheduler.add_request(decode_request(num_tokens, ([], []), "decode"))
-    local = recv_block_ids(scheduler.schedule())
-
-    assert scheduler.requests["decode"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
-    # Both counts in one comparison, so a failure reports both.
-    assert {
-        "full-attention blocks pulled": len(local[0]),
-        "cached prefix blocks reused": reused(scheduler, cached_ids),
-    } == {
-        "full-attention blocks pulled": PROMPT_BLOCKS - CACHED_BLOCKS,
-        "cached prefix blocks reused": CACHED_BLOCKS,
-    }
+    pull_only_the_uncached_suffix(scheduler, block_size, ([], []))
 
 
 def test_multi_connector_decode_request_keeps_local_full_attention_prefix(
@@ -170,21 +180,7 @@ def test_align_mode_decode_request_reads_only_the_suffix(
     num_tokens = PROMPT_BLOCKS * block_size
     remote = prefill_side_block_ids(make_hybrid_scheduler(nixl_config()), num_tokens)
     scheduler = make_hybrid_scheduler(nixl_config())
-    cached_ids = cache_prefix_without_recurrent_state(
-        scheduler.kv_cache_manager, prompt(CACHED_BLOCKS * block_size)
-    )
-    scheduler.add_request(decode_request(num_tokens, remote, "decode"))
-    local = recv_block_ids(scheduler.schedule())
-
-    assert scheduler.requests["decode"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
-    # Both counts in one comparison, so a failure reports both.
-    assert {
-        "full-attention blocks pulled": len(local[0]),
-        "cached prefix blocks reused": reused(scheduler, cached_ids),
-    } == {
-        "full-attention blocks pulled": PROMPT_BLOCKS - CACHED_BLOCKS,
-        "cached prefix blocks reused": CACHED_BLOCKS,
-    }
+    local = pull_only_the_uncached_suffix(scheduler, block_size, remote)
     _, read = nixl_worker()._apply_prefix_caching(
         [list(ids) for ids in local], [list(ids) for ids in remote], 1
     )
