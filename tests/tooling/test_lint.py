@@ -1,4 +1,3 @@
-
 """`vllm-overlay lint` beyond one series' files: tests no patch cites, the
 append-only history against git's HEAD, and each series applied to its
 release's cached sources."""
