@@ -32,6 +32,14 @@ def root(tmp_path):
     return tmp_path
 
 
+def error_of(load, message: str) -> str:
+    """The message of the OverlayError `load()` raises, which must match
+    `message`."""
+    with pytest.raises(OverlayError, match=message) as caught:
+        load()
+    return str(caught.value)
+
+
 def test_the_e2e_release_is_pinned_with_a_cpu_wheel():
     release = e2e_release(REPO_PATCHES)
     pin = load_pins(REPO_PATCHES / PINS_FILE)[release]
@@ -49,10 +57,9 @@ def test_the_e2e_release_is_pinned_with_a_cpu_wheel():
 )
 def test_a_bad_facts_file_is_one_line_naming_it(root, text, message):
     (root / FACTS_FILE).write_text(text + "\n")
-    with pytest.raises(OverlayError, match=message) as caught:
-        e2e_release(root)
-    assert str(caught.value).startswith(str(root / FACTS_FILE))
-    assert "\n" not in str(caught.value)
+    error = error_of(lambda: e2e_release(root), message)
+    assert error.startswith(str(root / FACTS_FILE))
+    assert "\n" not in error
 
 
 def test_the_pd_core_releases_are_pinned_cpu_releases(root):
@@ -71,9 +78,8 @@ def test_the_pd_core_releases_are_pinned_cpu_releases(root):
 )
 def test_bad_pd_core_releases_are_one_line_naming_the_file(root, text, message):
     (root / FACTS_FILE).write_text(text + "\n")
-    with pytest.raises(OverlayError, match=message) as caught:
-        pd_core_releases(root)
-    assert str(caught.value).startswith(str(root / FACTS_FILE))
+    error = error_of(lambda: pd_core_releases(root), message)
+    assert error.startswith(str(root / FACTS_FILE))
 
 
 def test_a_missing_facts_file_is_named(root):
@@ -118,9 +124,8 @@ def test_upstream_test_files_are_those_a_release_has_in_file_order():
 )
 def test_a_bad_upstream_test_entry_is_one_line_naming_it(root, entry, message):
     edit_facts(root, lambda data: data["upstream_tests"].append(entry))
-    with pytest.raises(OverlayError, match=message) as caught:
-        upstream_test_files("0.33.0", root)
-    assert str(caught.value).startswith(f"{root / FACTS_FILE}: upstream_tests entry")
+    error = error_of(lambda: upstream_test_files("0.33.0", root), message)
+    assert error.startswith(f"{root / FACTS_FILE}: upstream_tests entry")
 
 
 def test_the_test_environment_facts_load_checked():
@@ -151,10 +156,9 @@ def _set(key, value):
 )
 def test_bad_test_environment_facts_are_one_line_naming_the_file(root, edit, message):
     edit_facts(root, edit)
-    with pytest.raises(OverlayError, match=message) as caught:
-        environment_facts(root)
-    assert str(caught.value).startswith(str(root / FACTS_FILE))
-    assert "\n" not in str(caught.value)
+    error = error_of(lambda: environment_facts(root), message)
+    assert error.startswith(str(root / FACTS_FILE))
+    assert "\n" not in error
 
 
 def test_the_hub_stand_ins_load_from_their_data_file():
@@ -179,6 +183,4 @@ def test_a_bad_stand_in_file_is_one_line_naming_it(tmp_path, edit, message):
     edit(data)
     path = tmp_path / "hf-standins.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(OverlayError, match=message) as caught:
-        load_standins(path)
-    assert str(caught.value).startswith(f"{path}: ")
+    assert error_of(lambda: load_standins(path), message).startswith(f"{path}: ")

@@ -83,6 +83,7 @@ def _history_section(patches_root: Path) -> str:
     dropped = read_history(patches_root)
     if not dropped:
         return ""
+    pins = load_pins(patches_root / PINS_FILE)
     rows = [
         "\n## Dropped patches\n\n"
         "| patch | summary | series | dropped for | why | Upstream-PR | now |\n"
@@ -96,15 +97,16 @@ def _history_section(patches_root: Path) -> str:
             entry.release,
             _cell(entry.reason),
             _cell(entry.upstream_pr),
-            _now(patches_root, entry.release, entry.patch),
+            _now(patches_root, pins, entry.release, entry.patch),
         )
         rows.append("| " + " | ".join(cells) + " |\n")
     return "".join(rows)
 
 
-def _now(patches_root: Path, release: str, patch: str) -> str:
+def _now(
+    patches_root: Path, pins: dict[str, ReleasePin], release: str, patch: str
+) -> str:
     """Whether `release`'s series carries `patch` again."""
-    pins = load_pins(patches_root / PINS_FILE)
     if release not in pins or not has_series(patches_root, release):
         return "not carried"
     names = {
