@@ -94,6 +94,7 @@ class Outcome:
     runtime: Counts | None = None
     serve: str = ""
     pd: str = ""
+    host_cpu: str = ""
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -165,6 +166,30 @@ def check_installed(venv: Path, series: Series, dist: str) -> int:
     return run(command, cwd=REPO_ROOT, env=env)
 
 
+# The host CPU features vLLM asks torch about: 0.22.1's CPU platform turns
+# prefix caching off for linear attention with AMX tiles, 0.31.0's chooses
+# the GatedDeltaNet state's dtype by AVX-512 BF16, and the GatedDeltaNet
+# kernels take an AMX path. Machines of one kind differ in them. The probes
+# emulate them (tests/probes/conftest.py); tests/runtime and the end-to-end
+# runs meet the host's, so the summary names those.
+HOST_CPU_CHECK = """
+import torch
+def said(supported): return "present" if supported() else "absent"
+print(f"AMX tiles {said(torch.cpu._is_amx_tile_supported)}, "
+      f"AVX-512 BF16 {said(torch.cpu._is_avx512_bf16_supported)}")
+"""
+
+
+def host_cpu(venv: Path) -> str:
+    """The host CPU features vLLM reads, as the release environment's torch
+    reports them."""
+    command = [str(venv / "bin" / "python"), "-c", HOST_CPU_CHECK]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        return f"unknown: {result.stderr.strip().splitlines()[-1:]}"
+    return result.stdout.strip()
+
+
 def run_probes(
     venv: Path, probes: list[str], env: dict[str, str], report: Path, unpatched: bool
 ) -> int:
@@ -215,6 +240,7 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
     if not refresh_round_trip(series, sdist, cache):
         outcome.failures.append("refresh --check")
     venv = ensure_release_env(version, wheel, sdist, cache)
+    outcome.host_cpu = host_cpu(venv)
     tests_dir = prepare_upstream_tests(
         version, sdist, cache / "upstream-tests" / version
     )
@@ -312,6 +338,7 @@ def print_summary(
         print(f"  tests/probes, patched build:   {o.probes_patched or 'not run'}")
         print(f"  probes, unpatched (inverted):  {o.probes_unpatched or 'not run'}")
         print(f"  tests/runtime (doctor):        {o.runtime or 'not run'}")
+        print(f"  host CPU (runtime, e2e):       {o.host_cpu or 'not asked'}")
         if o.serve:
             print(f"  vllm-overlay serve end to end: {o.serve}")
         if o.pd:

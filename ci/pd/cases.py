@@ -51,8 +51,13 @@ from ci.pd.metrics import DecodeCounts
 from ci.pd.pair import DROP_IN, NIXL, PATCHED, UNPATCHED
 
 HYBRID, DENSE, MAMBA2 = "tiny-qwen3.5", "tiny-llama", "tiny-nemotron-h"
-# vLLM's CPU platform serves a float32 checkpoint in bfloat16 unless told.
+# vLLM's CPU platform serves a float32 checkpoint in bfloat16 unless told. It
+# also keeps GatedDeltaNet state in float32 only on a CPU with AVX-512 BF16
+# (vllm/platforms/cpu.py:284-304 in 0.31.0), else in the model's dtype; the
+# block size N follows the state's size, so the hybrid's state is float32 on
+# every host, as vLLM itself chooses on the hosts this suite has run on.
 MODEL_ARGS: dict[str, tuple[str, ...]] = {
+    HYBRID: ("--mamba-ssm-cache-dtype", "float32"),
     DENSE: ("--dtype", "float32"),
     MAMBA2: ("--dtype", "float32"),
 }

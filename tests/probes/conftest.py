@@ -51,6 +51,7 @@ from vllm.config import (
     CacheConfig,
     KVTransferConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     VllmConfig,
 )
@@ -66,6 +67,18 @@ from vllm.v1.request import Request
 LOAD_WEIGHT_KNOWN = "load_weight" in KVTransferConfig.__dataclass_fields__
 
 MAX_MODEL_LEN = 1024
+
+# vLLM's CPU platform builds a config by the host's CPU, and machines of one
+# kind differ in it: 0.22.1 turns prefix caching and chunked prefill off for a
+# model with linear-attention layers when the CPU has AMX tiles
+# (vllm/platforms/cpu.py:150-162 there), and 0.31.0 chooses the dtype of
+# GatedDeltaNet state by AVX-512 BF16 support (vllm/platforms/cpu.py:284-304
+# there), both asked of `torch.cpu`. So the probes never ask the host
+# (`HostCpu`): AVX-512 BF16 reads as present (the probes' models are float32,
+# whose state is float32 either way), AMX as absent, and a probe of a model
+# with linear-attention layers runs once per AMX answer, on every host
+# (`host_amx`).
+HOST_AMX = {"no-amx": False, "amx": True}
 
 
 class MakeVllmConfig(Protocol):
@@ -92,6 +105,56 @@ def _resolved_platform() -> None:
     )
 
 
+class HostCpu:
+    """What vLLM learns of the host CPU during the probes, in place of the
+    host's own answers (see `HOST_AMX`)."""
+
+    amx: bool = False
+    # Whether the running probe runs once per AMX answer (takes `host_amx`).
+    amx_varied: bool = False
+
+    def is_amx_tile_supported(self) -> bool:
+        return self.amx
+
+    def is_avx512_bf16_supported(self) -> bool:
+        return True
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_cpu() -> Iterator[HostCpu]:
+    """No probe sees the host's own CPU features (see `HOST_AMX`)."""
+    host = HostCpu()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cpu, "_is_amx_tile_supported", host.is_amx_tile_supported)
+        patch.setattr(
+            torch.cpu, "_is_avx512_bf16_supported", host.is_avx512_bf16_supported
+        )
+        yield host
+
+
+@pytest.fixture(params=list(HOST_AMX.values()), ids=list(HOST_AMX))
+def host_amx(
+    request: pytest.FixtureRequest, host_cpu: HostCpu, monkeypatch: pytest.MonkeyPatch
+) -> bool:
+    """The probe runs on a CPU host without AMX tiles, then on one with them.
+    On the latter the platform also exports `VLLM_SSM_CONV_STATE_LAYOUT=SD`
+    (0.22.1 vllm/platforms/cpu.py:230-231); the probe's environment is
+    restored afterwards."""
+    monkeypatch.setattr(host_cpu, "amx", request.param)
+    monkeypatch.setattr(host_cpu, "amx_varied", True)
+    monkeypatch.delenv("VLLM_SSM_CONV_STATE_LAYOUT", raising=False)
+    return request.param
+
+
+def has_linear_attention(model_config: ModelConfig) -> bool:
+    """Whether the model has linear-attention layers, asked as vLLM's CPU
+    platform asks it before it turns prefix caching off on an AMX CPU."""
+    layers = model_config.get_num_layers_by_block_type(
+        ParallelConfig(), "linear_attention"
+    )
+    return layers > 0
+
+
 @pytest.fixture
 def block_size() -> int:
     """Tokens per KV cache block in every config built here."""
@@ -107,9 +170,18 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def make_vllm_config(tiny_model_dir: Path) -> MakeVllmConfig:
+def make_vllm_config(tiny_model_dir: Path, host_cpu: HostCpu) -> MakeVllmConfig:
     """Build a real `VllmConfig` for the tiny model (or the model config in
-    `model_dir`) and a KV transfer config."""
+    `model_dir`) and a KV transfer config.
+
+    Prefix caching is on, with `mamba_cache_mode` for recurrent-state
+    layers, in the form the (emulated) host allows: on an AMX CPU a model
+    with linear-attention layers gets neither (0.22.1's platform turns
+    prefix caching off there, and then refuses the Mamba block size that
+    "align" sets). A probe of such a model must take `host_amx`, so that it
+    runs with prefix caching and without it on every host; the config is
+    checked to hold what was asked.
+    """
 
     def make(
         kv_transfer_config: KVTransferConfig | None,
@@ -123,6 +195,13 @@ def make_vllm_config(tiny_model_dir: Path) -> MakeVllmConfig:
             seed=0,
             max_model_len=MAX_MODEL_LEN,
         )
+        linear_attention = has_linear_attention(model_config)
+        assert host_cpu.amx_varied or not linear_attention, (
+            f"{model_config.architecture} has linear-attention layers, for which "
+            "vLLM's CPU platform builds the config by the host's AMX support: "
+            "the probe must take the host_amx fixture"
+        )
+        prefix_caching = not (host_cpu.amx and linear_attention)
         vllm_config = VllmConfig(
             model_config=model_config,
             scheduler_config=SchedulerConfig(
@@ -134,10 +213,15 @@ def make_vllm_config(tiny_model_dir: Path) -> MakeVllmConfig:
             cache_config=CacheConfig(
                 block_size=BLOCK_SIZE,
                 cache_dtype="auto",
-                enable_prefix_caching=True,
-                mamba_cache_mode=mamba_cache_mode,
+                enable_prefix_caching=prefix_caching,
+                mamba_cache_mode=mamba_cache_mode if prefix_caching else "none",
             ),
             kv_transfer_config=kv_transfer_config,
+        )
+        assert vllm_config.cache_config.enable_prefix_caching is prefix_caching, (
+            f"vLLM turned prefix caching {'off' if prefix_caching else 'on'} for "
+            f"{model_config.architecture} on a CPU host with AMX tiles "
+            f"{'present' if host_cpu.amx else 'absent'}"
         )
         vllm_config.cache_config.num_gpu_blocks = NUM_GPU_BLOCKS
         return vllm_config

@@ -16,7 +16,10 @@ from vllm.model_executor.models import ModelRegistry
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+from vllm.v1.core.kv_cache_utils import (
+    get_request_block_hasher,
+    resolve_kv_cache_block_sizes,
+)
 from vllm.v1.core.sched.scheduler import Scheduler
 
 try:
@@ -119,15 +122,27 @@ def hybrid_kv_cache_config(
 
 
 def start_scheduler(
-    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
+    vllm_config: VllmConfig,
+    kv_cache_config: KVCacheConfig,
+    planned: bool = False,
 ) -> Scheduler:
-    """The real v1 `Scheduler`; it creates its connector itself."""
+    """The real v1 `Scheduler`; it creates its connector itself. Its block
+    size is BLOCK_SIZE, every group's here; for a KV cache config `planned`
+    by vLLM, the scheduler and hash block sizes the engine core resolves
+    from it (`EngineCore.__init__`), since a group's block size then follows
+    the model and the host."""
     if register_all_kvcache_specs is not None:
         register_all_kvcache_specs(vllm_config)
+    block_size, hash_block_size = (
+        resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+        if planned
+        else (BLOCK_SIZE, None)
+    )
     return Scheduler(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
-        block_size=BLOCK_SIZE,
+        block_size=block_size,
+        hash_block_size=hash_block_size,
         log_stats=True,
         structured_output_manager=StructuredOutputManager(vllm_config),
     )

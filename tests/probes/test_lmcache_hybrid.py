@@ -117,6 +117,11 @@ GEMMA3_CONFIG = {
 
 LMCACHE = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
 
+# The hybrid model has linear-attention layers, whose config depends on the
+# host CPU's AMX support (see conftest.HOST_AMX): every probe here runs once
+# per answer.
+pytestmark = pytest.mark.usefixtures("host_amx")
+
 
 def write_model(directory: Path, config: dict[str, Any]) -> Path:
     directory.mkdir()
@@ -140,7 +145,8 @@ def hybrid_lmcache_config(
     kv_transfer_config: KVTransferConfig | None = None,
 ) -> VllmConfig:
     """`vllm serve <model> --kv-transfer-config <LMCacheConnectorV1>`, with
-    prefix caching in the recurrent-state mode hybrid models use."""
+    prefix caching in the recurrent-state mode hybrid models use where the
+    host allows it (see `make_vllm_config`)."""
     vllm_config = make_vllm_config(
         kv_transfer_config or KVTransferConfig(**LMCACHE),
         mamba_cache_mode="align",

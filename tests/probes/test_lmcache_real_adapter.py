@@ -430,6 +430,7 @@ def test_sliding_window_model_hands_lmcache_every_layer(
 
 
 @needs_lmcache
+@pytest.mark.usefixtures("host_amx")
 def test_lmcache_0_5_6_cannot_take_a_subset_of_layers(
     make_vllm_config: MakeVllmConfig,
     model_dirs: dict[str, Path],
@@ -522,6 +523,7 @@ def lmcache_mp_mentions(records: list[logging.LogRecord]) -> list[str]:
     ]
 
 
+@pytest.mark.usefixtures("host_amx")
 def test_hybrid_model_never_reaches_lmcache(
     make_vllm_config: MakeVllmConfig,
     model_dirs: dict[str, Path],
@@ -553,7 +555,7 @@ def test_hybrid_model_never_reaches_lmcache(
         for group in kv_cache_config.kv_cache_groups
     )
 
-    scheduler = start_scheduler(vllm_config, kv_cache_config)
+    scheduler = start_scheduler(vllm_config, kv_cache_config, planned=True)
     assert ADAPTER_MODULE not in lmcache_imports, (
         "the scheduler's LMCacheConnectorV1 imported lmcache's adapter"
     )
