@@ -100,16 +100,21 @@ def single_group_kv_cache_config(num_blocks: int = NUM_GPU_BLOCKS) -> KVCacheCon
 
 
 def hybrid_kv_cache_config(
-    num_blocks: int = NUM_GPU_BLOCKS, mamba_cache_mode: str = "align"
+    num_blocks: int = NUM_GPU_BLOCKS,
+    mamba_cache_mode: str = "align",
+    num_speculative_blocks: int = 0,
 ) -> KVCacheConfig:
     """A full-attention group and a Mamba group in "align" mode (a state
     checkpoint per block), as a hybrid model with prefix caching has, or in
-    the given `mamba_cache_mode`."""
+    the given `mamba_cache_mode`. `num_speculative_blocks` is what vLLM sets
+    from `--speculative-config` (its `num_speculative_tokens`, for MTP/EAGLE):
+    the Mamba group then holds that many blocks after a request's state."""
     mamba = MambaSpec(
         block_size=BLOCK_SIZE,
         shapes=((1, 1),),
         dtypes=(torch.float32,),
         mamba_cache_mode=mamba_cache_mode,
+        num_speculative_blocks=num_speculative_blocks,
     )
     return KVCacheConfig(
         num_blocks=num_blocks,

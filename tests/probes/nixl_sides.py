@@ -11,6 +11,8 @@ block pairing build it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hybrid_scheduler import generation_request, hybrid_kv_cache_config
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import (
@@ -18,7 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import (
 )
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 
 def nixl_config() -> KVTransferConfig:
@@ -41,6 +43,27 @@ def prefill_side_block_ids(
     request = generation_request("prefill", prompt(num_tokens)[:-1])
     scheduler.kv_cache_manager.allocate_slots(request, request.num_tokens)
     return scheduler.kv_cache_manager.get_block_ids("prefill")
+
+
+def prefill_side_sent_block_ids(
+    scheduler: Scheduler, num_tokens: int
+) -> tuple[list[int], ...]:
+    """The block ids a prefill instance puts in the `remote_block_ids` it
+    sends for a prompt of `num_tokens` once it computed all but the last
+    token: what its KV cache manager holds, as `Scheduler` hands it to
+    NixlConnector's `request_finished_all_groups` when the request ends."""
+    request = generation_request("prefill", prompt(num_tokens)[:-1])
+    request.kv_transfer_params = {"do_remote_decode": True}
+    manager = scheduler.kv_cache_manager
+    manager.allocate_slots(request, request.num_tokens)
+    request.num_computed_tokens = request.num_tokens
+    request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    connector: Any = scheduler.connector
+    delay_free, params = connector.request_finished_all_groups(
+        request, manager.get_block_ids("prefill")
+    )
+    assert delay_free and params is not None
+    return tuple(list(ids) for ids in params["remote_block_ids"])
 
 
 def decode_request(
