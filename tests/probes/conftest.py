@@ -132,17 +132,23 @@ def host_cpu() -> Iterator[HostCpu]:
         yield host
 
 
+@pytest.fixture(autouse=True)
+def _platform_exports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each probe starts, as a server process does, without the variable
+    vLLM's CPU platform exports while it builds a config, by the host's CPU
+    and the connector (the conv state layout: 0.22.1
+    vllm/platforms/cpu.py:230-231; 0.32.0 :426-440, which keeps a value
+    already set). It is restored afterwards: no probe inherits another's."""
+    monkeypatch.delenv("VLLM_SSM_CONV_STATE_LAYOUT", raising=False)
+
+
 @pytest.fixture(params=list(HOST_AMX.values()), ids=list(HOST_AMX))
 def host_amx(
     request: pytest.FixtureRequest, host_cpu: HostCpu, monkeypatch: pytest.MonkeyPatch
 ) -> bool:
-    """The probe runs on a CPU host without AMX tiles, then on one with them.
-    On the latter the platform also exports `VLLM_SSM_CONV_STATE_LAYOUT=SD`
-    (0.22.1 vllm/platforms/cpu.py:230-231); the probe's environment is
-    restored afterwards."""
+    """The probe runs on a CPU host without AMX tiles, then on one with them."""
     monkeypatch.setattr(host_cpu, "amx", request.param)
     monkeypatch.setattr(host_cpu, "amx_varied", True)
-    monkeypatch.delenv("VLLM_SSM_CONV_STATE_LAYOUT", raising=False)
     return request.param
 
 
