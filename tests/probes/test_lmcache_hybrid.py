@@ -10,12 +10,13 @@ such a model (it takes every layer as paged attention KV and restores no
 recurrent state; attention KV without that state garbles the output), so the
 patched connector keeps HMA on for hybrid models only, and there never builds
 the adapter: zero hits, nothing saved, one warning naming LMCacheMPConnector.
-Every other model, sliding-window ones included, keeps HMA off and the adapter
-exactly as upstream.
+Every other model, sliding-window and pure Mamba ones included, keeps HMA off
+and the adapter exactly as upstream: the patch asks whether the model is
+hybrid, not whether its KV cache holds Mamba state.
 
 The configs are vLLM's own, for tiny local model configs of the real
 architectures (Qwen3.5, or Qwen3-Next where the release has no text-only
-Qwen3.5; Gemma 3; Llama). The LMCache adapter is
+Qwen3.5; Gemma 3; Llama; Mamba and Mamba2). The LMCache adapter is
 `lmcache_fake_adapter`, which records what the connector builds and hands it;
 `test_lmcache_real_adapter.py` drives the real lmcache package.
 """
