@@ -10,12 +10,13 @@ such a model (it takes every layer as paged attention KV and restores no
 recurrent state; attention KV without that state garbles the output), so the
 patched connector keeps HMA on for hybrid models only, and there never builds
 the adapter: zero hits, nothing saved, one warning naming LMCacheMPConnector.
-Every other model, sliding-window ones included, keeps HMA off and the adapter
-exactly as upstream.
+Every other model, sliding-window and pure Mamba ones included, keeps HMA off
+and the adapter exactly as upstream: the patch asks whether the model is
+hybrid, not whether its KV cache holds Mamba state.
 
 The configs are vLLM's own, for tiny local model configs of the real
 architectures (Qwen3.5, or Qwen3-Next where the release has no text-only
-Qwen3.5; Gemma 3; Llama). The LMCache adapter is
+Qwen3.5; Gemma 3; Llama; Mamba and Mamba2). The LMCache adapter is
 `lmcache_fake_adapter`, which records what the connector builds and hands it;
 `test_lmcache_real_adapter.py` drives the real lmcache package.
 """
@@ -45,6 +46,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import (
     LMCacheConnectorV1,
 )
+from vllm.model_executor.models import ModelRegistry
+from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
@@ -113,6 +116,39 @@ GEMMA3_CONFIG = {
     "model_type": "gemma3_text",
     "sliding_window": 2 * BLOCK_SIZE,
     "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+}
+
+# Pure recurrent models: every layer a Mamba (Mamba2) mixer, no attention.
+# vLLM declares them attention-free, not hybrid.
+_PURE_RECURRENT_CONFIG: dict[str, Any] = {
+    "hidden_size": 64,
+    "state_size": 16,
+    "expand": 2,
+    "conv_kernel": 4,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "float32",
+}
+PURE_RECURRENT_CONFIGS: dict[str, dict[str, Any]] = {
+    "mamba": {
+        **_PURE_RECURRENT_CONFIG,
+        "architectures": ["MambaForCausalLM"],
+        "model_type": "mamba",
+    },
+    "mamba2": {
+        **_PURE_RECURRENT_CONFIG,
+        "architectures": ["Mamba2ForCausalLM"],
+        "model_type": "mamba2",
+        "num_heads": 8,
+        "head_dim": 16,
+        "n_groups": 1,
+    },
+}
+MAMBA_TYPES = {
+    "mamba": MambaAttentionBackendEnum.MAMBA1,
+    "mamba2": MambaAttentionBackendEnum.MAMBA2,
 }
 
 LMCACHE = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
@@ -311,3 +347,73 @@ def test_single_group_model_drives_the_adapter_as_upstream(
     assert adapter.lookups == [request.request_id]
     assert output.scheduled_new_reqs[0].num_computed_tokens == 4 * BLOCK_SIZE
     assert adapter.finished == [(request.request_id, list(block_ids))]
+
+
+def pure_recurrent_layers(
+    vllm_config: VllmConfig, mamba_type: MambaAttentionBackendEnum
+) -> dict[str, KVCacheSpec]:
+    """Each layer's KV cache spec, as a pure Mamba (Mamba2) model's mixers
+    report it (`MambaBase.get_kv_cache_spec`), from the state shapes and
+    dtypes its model class computes from the config."""
+    model_config = vllm_config.model_config
+    cache_config = vllm_config.cache_config
+    model_cls, _ = ModelRegistry.resolve_model_cls(
+        model_config.architectures, model_config=model_config
+    )
+    spec = MambaSpec(
+        shapes=tuple(model_cls.get_mamba_state_shape_from_config(vllm_config)),
+        dtypes=tuple(model_cls.get_mamba_state_dtype_from_config(vllm_config)),
+        block_size=cache_config.mamba_block_size,
+        page_size_padded=cache_config.mamba_page_size_padded,
+        mamba_type=mamba_type,
+        mamba_cache_mode=cache_config.mamba_cache_mode,
+    )
+    num_layers = model_config.hf_text_config.num_hidden_layers
+    return {f"backbone.layers.{index}.mixer": spec for index in range(num_layers)}
+
+
+@pytest.mark.parametrize("model", sorted(PURE_RECURRENT_CONFIGS))
+def test_pure_recurrent_model_keeps_upstream_lmcache(
+    model: str,
+    make_vllm_config: MakeVllmConfig,
+    make_request: MakeRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    vllm_log_records: list[logging.LogRecord],
+) -> None:
+    """Scope: a pure Mamba or Mamba2 model (every layer recurrent, no
+    attention) is not hybrid, so vLLM turns the manager off for
+    LMCacheConnectorV1 as upstream does, and all its layers form one Mamba
+    group. Mamba layers in the KV cache do not make the connector inert, only
+    a hybrid model does: both roles build LMCache's adapter, the scheduler's
+    asks it for hits, and nothing warns, as upstream.
+
+    The fake adapter stands for lmcache's `LMCacheConnectorV1Impl`, which
+    upstream builds in both roles for every model the connector serves and
+    asks for every lookup; what lmcache then does with Mamba state is
+    upstream's behaviour, which the patch leaves as it is."""
+    adapter_cls = install_fake_adapter(monkeypatch, matched_tokens=4 * BLOCK_SIZE)
+    model_dir = write_model(tmp_path / model, PURE_RECURRENT_CONFIGS[model])
+    vllm_config = make_vllm_config(KVTransferConfig(**LMCACHE), model_dir=model_dir)
+    assert not vllm_config.model_config.is_hybrid
+    assert vllm_config.scheduler_config.disable_hybrid_kv_cache_manager is True
+    groups = get_kv_cache_groups(
+        vllm_config, pure_recurrent_layers(vllm_config, MAMBA_TYPES[model])
+    )
+    assert [type(group.kv_cache_spec) for group in groups] == [MambaSpec]
+    kv_cache_config = KVCacheConfig(
+        num_blocks=NUM_GPU_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups
+    )
+
+    scheduler_side = LMCacheConnectorV1(
+        vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config
+    )
+    LMCacheConnectorV1(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
+    request = make_request(model, 6 * BLOCK_SIZE)
+    hit = scheduler_side.get_num_new_matched_tokens(request, 0)
+
+    assert len(adapter_cls.instances) == 2, (
+        "LMCacheConnectorV1 did not build LMCache's adapter in both roles"
+    )
+    assert hit == (4 * BLOCK_SIZE, False)
+    assert lmcache_mp_warnings(vllm_log_records) == []
