@@ -11,13 +11,17 @@ every child has it, so NixlConnector plus an offloading child re-pulls the
 whole prompt and allocates the cached prefix a second time. Patched, the
 MultiConnector answers per request: a P/D decode request of a hybrid model
 uses the full-attention hit, and when that hit diverged (the recurrent group
-lags) it loads from the capable child alone. Everything else, a non-hybrid
-model or a hit that did not diverge, keeps upstream's selection, and the
-weighted one where children set `load_weight`.
+lags) it loads from the capable child alone, in a nested MultiConnector too.
+Everything else, a non-hybrid model or a hit that did not diverge, keeps
+upstream's selection, and the weighted one where children set
+`load_weight`: an undiverged hit is the same point in every group, and any
+child's load on top of it covers every group, as without a MultiConnector.
 
 The children stand in for NixlConnector's scheduler side (`PullChild`: pulls
 every prompt token not computed locally, asynchronously) and an offloading
-tier (`StoreChild`: a fixed synchronous hit, no recurrent-state restore).
+tier (`StoreChild`: a fixed synchronous hit; it cannot complete a divergent
+hit, i.e. restore a recurrent state lagging behind the local full-attention
+hit).
 """
 
 from __future__ import annotations

@@ -10,10 +10,11 @@ pulls the whole prompt again into freshly allocated blocks. Patched (upstream
 0.27/0.28's divergent-hit capability), a connector that restores the
 recurrent state (NixlConnector) gets the full-attention hit and pulls the
 rest; when it has nothing to load, the request falls back to the common hit.
-A MultiConnector with a child that cannot restore recurrent state (an
+A MultiConnector with a child that cannot complete such a divergent hit (an
 offloading tier, `StoreChild`) answers the capability per request
-(multi-connector-pd-decode-hybrid-hit): a P/D decode request is loaded by
-NIXL alone. The other parts are real (see `nixl_sides.py`).
+(multi-connector-pd-decode-hybrid-hit): a P/D decode request whose hit
+diverged is loaded by NIXL alone, in a nested MultiConnector too. The other
+parts are real (see `nixl_sides.py`).
 """
 
 from __future__ import annotations
@@ -182,8 +183,8 @@ def test_multi_connector_decode_request_keeps_local_full_attention_prefix(
     """MultiConnector[offloading tier, NixlConnector], the offloading tier
     listed first with a hit beyond the cached prefix: the decode request
     reuses the cached prefix and NIXL alone pulls the rest, recurrent state
-    included (upstream 0.22.1: the common hit 0, and the offloading tier
-    loads its hit without any recurrent state)."""
+    included (upstream 0.22.1: the common hit 0, so nothing cached is reused
+    and the offloading tier loads its hit instead)."""
     store_hit = (CACHED_BLOCKS + 2) * block_size
     config = multi_connector(store_tier(store_hit), NIXL_CHILD)
 
