@@ -71,7 +71,11 @@ class RecordingHMAChild(SchedulerSideConnector, SupportsHMA):
 
 class StoreChild(RecordingHMAChild):
     """An offloading tier as a MultiConnector child: a fixed synchronous hit
-    of `matched_tokens` (its extra config), and no recurrent-state restore."""
+    of `matched_tokens` (its extra config). Like any child, it loads every
+    KV cache group for the tokens it reports; but it cannot complete a
+    divergent local hybrid hit (`supports_divergent_local_hybrid_hits` stays
+    False): it cannot restore a recurrent state that lags behind a local
+    full-attention hit."""
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int

@@ -11,22 +11,29 @@ every child has it, so NixlConnector plus an offloading child re-pulls the
 whole prompt and allocates the cached prefix a second time. Patched, the
 MultiConnector answers per request: a P/D decode request of a hybrid model
 uses the full-attention hit, and when that hit diverged (the recurrent group
-lags) it loads from the capable child alone. Everything else, a non-hybrid
-model or a hit that did not diverge, keeps upstream's selection, and the
-weighted one where children set `load_weight`.
+lags) it loads from the capable child alone, in a nested MultiConnector too.
+Everything else, a non-hybrid model or a hit that did not diverge, keeps
+upstream's selection, and the weighted one where children set
+`load_weight`: an undiverged hit is the same point in every group, and any
+child's load on top of it covers every group, as without a MultiConnector.
 
 The children stand in for NixlConnector's scheduler side (`PullChild`: pulls
 every prompt token not computed locally, asynchronously) and an offloading
-tier (`StoreChild`: a fixed synchronous hit, no recurrent-state restore).
+tier (`StoreChild`: a fixed synchronous hit; it cannot complete a divergent
+hit, i.e. restore a recurrent state lagging behind the local full-attention
+hit).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from conftest import LOAD_WEIGHT_KNOWN, MakeScheduler
 from hybrid_scheduler import cache_prefix_without_recurrent_state, generation_request
 from scheduler_side_connector import RecordingHMAChild, StoreChild, child_connectors
 from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorBase_V1
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
     MultiConnector,
 )
@@ -88,22 +95,40 @@ class IdleCapableChild(PullChild):
 # The probe children by class name, for a MultiConnector config.
 CHILDREN = {c.__name__: c for c in (PullChild, StoreChild, IdleCapableChild)}
 
+# A MultiConnector child: a probe child as (class name, hit), or the entry of
+# a nested MultiConnector (`nested_multi_connector`).
+Child = tuple[str, int] | dict[str, Any]
+
+
+def child_entry(child: Child) -> dict[str, Any]:
+    """A child's entry in `kv_connector_extra_config["connectors"]`."""
+    if isinstance(child, dict):
+        return child
+    name, hit = child
+    return {
+        "kv_connector": name,
+        "kv_role": "kv_both",
+        "kv_connector_module_path": CHILDREN[name].__module__,
+        "kv_connector_extra_config": {"matched_tokens": hit},
+    }
+
+
+def nested_multi_connector(*children: Child) -> dict[str, Any]:
+    """The entry of a MultiConnector over `children`, as a child of another."""
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"connectors": list(map(child_entry, children))},
+    }
+
 
 def multi_connector_config(
-    *children: tuple[str, int], weights: tuple[float, ...] = ()
+    *children: Child, weights: tuple[float, ...] = ()
 ) -> KVTransferConfig:
-    """A MultiConnector over probe children given as (class name, hit), with
-    a `load_weight` each where `weights` are given (left out on a release
-    that rejects the key, so that a probe reaches the selection itself)."""
-    entries: list[dict] = [
-        {
-            "kv_connector": name,
-            "kv_role": "kv_both",
-            "kv_connector_module_path": CHILDREN[name].__module__,
-            "kv_connector_extra_config": {"matched_tokens": hit},
-        }
-        for name, hit in children
-    ]
+    """A MultiConnector over `children`, with a `load_weight` each where
+    `weights` are given (left out on a release that rejects the key, so that
+    a probe reaches the selection itself)."""
+    entries = list(map(child_entry, children))
     if LOAD_WEIGHT_KNOWN:
         for entry, weight in zip(entries, weights, strict=False):
             entry["load_weight"] = weight
@@ -130,10 +155,13 @@ def cache_shared_prefix(manager: KVCacheManager, block_size: int) -> list[int]:
     return cache_prefix_without_recurrent_state(manager, prefix.prompt_token_ids)
 
 
-def children(scheduler: Scheduler) -> list[RecordingHMAChild]:
-    connector = scheduler.connector
-    assert isinstance(connector, MultiConnector)
-    return child_connectors(connector)
+def leaf_children(connector: KVConnectorBase_V1) -> list[RecordingHMAChild]:
+    """The probe children under a MultiConnector in config order, those of a
+    nested MultiConnector in its place."""
+    if isinstance(connector, MultiConnector):
+        return [leaf for c in child_connectors(connector) for leaf in leaf_children(c)]
+    assert isinstance(connector, RecordingHMAChild)
+    return [connector]
 
 
 def schedule_prompt(
@@ -148,7 +176,8 @@ def schedule_prompt(
     )
     output = scheduler.schedule()
     loaded = tuple(
-        child.allocated_external_tokens[request_id] for child in children(scheduler)
+        child.allocated_external_tokens[request_id]
+        for child in leaf_children(scheduler.connector)
     )
     return output, loaded
 
@@ -213,12 +242,57 @@ def test_weights_do_not_move_a_diverged_decode_request_off_its_capable_child(
     assert loaded == (0, (PROMPT_BLOCKS - CACHED_BLOCKS) * block_size)
 
 
+def test_nested_multi_connector_loads_a_diverged_decode_request_from_its_capable_child(
+    make_hybrid_scheduler: MakeScheduler, block_size: int
+) -> None:
+    """MultiConnector[store child, MultiConnector[store child, P/D child]],
+    both store children with a hit beyond the cached prefix: the diverged
+    decode request loads from the nested P/D child alone. The outer
+    MultiConnector picks the nested one, which is capable for the request
+    through its P/D child; the nested one must then also restrict its own
+    selection to that child, or its store child loads attention KV without
+    the lagging recurrent state. (Upstream's common hit is 0, so the first
+    store child loads.)"""
+    store_hit = (CACHED_BLOCKS + 2) * block_size
+    scheduler = make_hybrid_scheduler(
+        multi_connector_config(
+            ("StoreChild", store_hit),
+            nested_multi_connector(("StoreChild", store_hit), ("PullChild", 0)),
+        )
+    )
+    cache_shared_prefix(scheduler.kv_cache_manager, block_size)
+    _, loaded = schedule_prompt(scheduler, block_size)
+
+    assert loaded == (0, 0, (PROMPT_BLOCKS - CACHED_BLOCKS) * block_size)
+
+
+def test_multi_connector_built_without_init_answers_a_lookup(
+    make_hybrid_scheduler: MakeScheduler, block_size: int
+) -> None:
+    """Upstream's tests assemble MultiConnectors without ``__init__``
+    (``object.__new__``, then only the attributes upstream's
+    ``get_num_new_matched_tokens`` reads); the diverged-hit bookkeeping must
+    not make such a connector fail its lookup."""
+    store_hit = 2 * block_size
+    scheduler = make_hybrid_scheduler(multi_connector_config(("StoreChild", store_hit)))
+    assert isinstance(scheduler.connector, MultiConnector)
+    bare = object.__new__(MultiConnector)
+    bare._connectors = child_connectors(scheduler.connector)
+    bare._requests_to_connector = {}
+    request = make_prompt_request("decode", PROMPT_BLOCKS * block_size, True)
+
+    assert bare.get_num_new_matched_tokens(request, 0) == (store_hit, False)
+
+
 def test_undiverged_decode_request_keeps_upstream_selection(
     make_hybrid_scheduler: MakeScheduler, block_size: int
 ) -> None:
-    """Nothing cached locally, so the hit cannot diverge: the first child
-    with a hit loads the P/D decode request, exactly as upstream (the store
-    child here)."""
+    """Nothing cached locally, so the hit cannot diverge: every group's local
+    hit is the same point (0), and a child's hit on top of it is upstream's
+    contract, whether or not the child can complete a divergent hit: it
+    loads every group, recurrent state included, for the tokens it reports.
+    So the first child with a hit loads the P/D decode request, exactly as
+    upstream (the store child here)."""
     store_hit = 2 * block_size
     scheduler = make_hybrid_scheduler(
         multi_connector_config(("StoreChild", store_hit), ("PullChild", 0))

@@ -10,10 +10,11 @@ pulls the whole prompt again into freshly allocated blocks. Patched (upstream
 0.27/0.28's divergent-hit capability), a connector that restores the
 recurrent state (NixlConnector) gets the full-attention hit and pulls the
 rest; when it has nothing to load, the request falls back to the common hit.
-A MultiConnector with a child that cannot restore recurrent state (an
+A MultiConnector with a child that cannot complete such a divergent hit (an
 offloading tier, `StoreChild`) answers the capability per request
-(multi-connector-pd-decode-hybrid-hit): a P/D decode request is loaded by
-NIXL alone. The other parts are real (see `nixl_sides.py`).
+(multi-connector-pd-decode-hybrid-hit): a P/D decode request whose hit
+diverged is loaded by NIXL alone, in a nested MultiConnector too. The other
+parts are real (see `nixl_sides.py`).
 """
 
 from __future__ import annotations
@@ -119,54 +120,103 @@ def test_decode_request_keeps_local_full_attention_prefix(
     pull_only_the_uncached_suffix(scheduler, block_size, ([], []))
 
 
+def store_tier(store_hit: int) -> dict[str, Any]:
+    """An offloading tier's MultiConnector entry (`StoreChild`), with a hit
+    beyond the cached prefix."""
+    return {
+        "kv_connector": "StoreChild",
+        "kv_role": "kv_both",
+        "kv_connector_module_path": "scheduler_side_connector",
+        "kv_connector_extra_config": {"matched_tokens": store_hit},
+    }
+
+
+def multi_connector(*children: dict[str, Any]) -> dict[str, Any]:
+    """A MultiConnector's KV transfer config (or entry, nested) over `children`."""
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"connectors": list(children)},
+    }
+
+
+NIXL_CHILD = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+
+
+def schedule_decode_behind_store_tiers(
+    make: MakeScheduler, block_size: int, config: dict[str, Any]
+) -> dict[str, Any]:
+    """Schedule the decode request of the whole prompt, its first
+    CACHED_BLOCKS blocks cached for full attention only, under a
+    MultiConnector `config` over offloading tiers and NixlConnector (each
+    MultiConnector's last child). Returns what NIXL pulls, the cached blocks
+    reused, and the tokens each offloading tier loads, in config order."""
+    scheduler = make(KVTransferConfig(**config))
+    cached_ids = cache_prefix_without_recurrent_state(
+        scheduler.kv_cache_manager, prompt(CACHED_BLOCKS * block_size)
+    )
+    scheduler.add_request(
+        decode_request(PROMPT_BLOCKS * block_size, ([], []), "decode")
+    )
+    metadata: Any = scheduler.schedule().kv_connector_metadata
+    connector: Any = scheduler.connector
+    stores = []
+    while isinstance(connector, MultiConnector):
+        *tiers, connector = child_connectors(connector)
+        stores += tiers
+        metadata = metadata.metadata[-1]
+    # NIXL's part of the metadata; no local block ids when it loads nothing:
+    # it only tells the prefill side to free the request's blocks.
+    nixl_ids = metadata.reqs_to_recv["decode"].local_block_ids
+    return {
+        "full-attention blocks NIXL pulls": len(nixl_ids[0]) if nixl_ids else 0,
+        "cached prefix blocks reused": reused(scheduler, cached_ids),
+        "tokens the offloading tiers load": tuple(
+            store.allocated_external_tokens["decode"] for store in stores
+        ),
+    }
+
+
 def test_multi_connector_decode_request_keeps_local_full_attention_prefix(
     make_all_mode_hybrid_scheduler: MakeScheduler, block_size: int
 ) -> None:
     """MultiConnector[offloading tier, NixlConnector], the offloading tier
     listed first with a hit beyond the cached prefix: the decode request
     reuses the cached prefix and NIXL alone pulls the rest, recurrent state
-    included (upstream 0.22.1: the common hit 0, and the offloading tier
-    loads its hit without any recurrent state)."""
-    num_tokens = PROMPT_BLOCKS * block_size
+    included (upstream 0.22.1: the common hit 0, so nothing cached is reused
+    and the offloading tier loads its hit instead)."""
     store_hit = (CACHED_BLOCKS + 2) * block_size
-    scheduler = make_all_mode_hybrid_scheduler(
-        KVTransferConfig(
-            kv_connector="MultiConnector",
-            kv_role="kv_both",
-            kv_connector_extra_config={
-                "connectors": [
-                    {
-                        "kv_connector": "StoreChild",
-                        "kv_role": "kv_both",
-                        "kv_connector_module_path": "scheduler_side_connector",
-                        "kv_connector_extra_config": {"matched_tokens": store_hit},
-                    },
-                    {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
-                ]
-            },
-        )
-    )
-    cached_ids = cache_prefix_without_recurrent_state(
-        scheduler.kv_cache_manager, prompt(CACHED_BLOCKS * block_size)
-    )
-    scheduler.add_request(decode_request(num_tokens, ([], []), "decode"))
-    output = scheduler.schedule()
-    connector = scheduler.connector
-    assert isinstance(connector, MultiConnector)
-    store, _ = child_connectors(connector)
-    metadata: Any = output.kv_connector_metadata
-    # NIXL's part of the metadata; no local block ids: it only tells the
-    # prefill side to free the request's blocks.
-    nixl_ids = metadata.metadata[1].reqs_to_recv["decode"].local_block_ids
+    config = multi_connector(store_tier(store_hit), NIXL_CHILD)
 
-    assert {
-        "full-attention blocks NIXL pulls": len(nixl_ids[0]) if nixl_ids else 0,
-        "cached prefix blocks reused": reused(scheduler, cached_ids),
-        "tokens the offloading tier loads": store.allocated_external_tokens["decode"],
-    } == {
+    assert schedule_decode_behind_store_tiers(
+        make_all_mode_hybrid_scheduler, block_size, config
+    ) == {
         "full-attention blocks NIXL pulls": PROMPT_BLOCKS - CACHED_BLOCKS,
         "cached prefix blocks reused": CACHED_BLOCKS,
-        "tokens the offloading tier loads": 0,
+        "tokens the offloading tiers load": (0,),
+    }
+
+
+def test_nested_multi_connector_decode_request_is_pulled_by_nixl_alone(
+    make_all_mode_hybrid_scheduler: MakeScheduler, block_size: int
+) -> None:
+    """MultiConnector[offloading tier, MultiConnector[offloading tier,
+    NixlConnector]], both tiers with a hit beyond the cached prefix: the
+    nested MultiConnector, chosen for the diverged hit, lets NIXL alone load
+    it too, so no tier loads attention KV without the recurrent state
+    (upstream 0.22.1: the common hit 0, and the first tier loads)."""
+    store_hit = (CACHED_BLOCKS + 2) * block_size
+    config = multi_connector(
+        store_tier(store_hit),
+        multi_connector(store_tier(store_hit), NIXL_CHILD),
+    )
+
+    assert schedule_decode_behind_store_tiers(
+        make_all_mode_hybrid_scheduler, block_size, config
+    ) == {
+        "full-attention blocks NIXL pulls": PROMPT_BLOCKS - CACHED_BLOCKS,
+        "cached prefix blocks reused": CACHED_BLOCKS,
+        "tokens the offloading tiers load": (0, 0),
     }
 
 
