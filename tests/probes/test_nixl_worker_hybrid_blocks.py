@@ -207,8 +207,9 @@ def test_speculating_side_pairs_the_state_blocks(
     instances that do not is a common layout. A Mamba group holds one block
     per speculative token after the request's state block, so the two sides'
     lists end differently: the decode side's state block must read the
-    prefill side's state block (and nothing else). Pairing the lists from
-    the end (the current backport) reads the prefill side's null padding
+    prefill side's state block (and nothing else). Pairing unclipped lists
+    from the end (this backport up to 0.22.1's revision 3) reads the prefill
+    side's null padding
     into the decode side's state block (local `[8, 9]`, remote
     `[0, 0, 0, 0, 0, 0, 8]`), or its never-written speculative block (local
     `[8]`, remote `[..., 8, 9]`); upstream 0.22.1 asserts the SSM lists
@@ -227,9 +228,9 @@ def test_equally_speculating_sides_pair_the_state_blocks(
     make_vllm_config: MakeVllmConfig,
 ) -> None:
     """Scope: both instances speculate alike; the decode side's state block
-    still reads the prefill side's (the current backport pairs both sides'
-    state and speculative blocks from the end; this fix reads the state
-    block alone, the speculative ones being written before they are read)."""
+    still reads the prefill side's (revision 3 paired both sides' state and
+    speculative blocks from the end; now the state block is read alone, the
+    speculative ones being written before they are read)."""
     remote, local, prefill_state, decode_state = speculative_sides(
         make_vllm_config, prefill_speculative_blocks=1, decode_speculative_blocks=1
     )
