@@ -52,7 +52,7 @@ def measure(release: str, rounds: int, prompts: int) -> dict[str, list[Run]]:
     runs: dict[str, list[Run]] = {name: [] for name, _, _ in ARMS}
     for _ in range(rounds):
         for name, build, key in ARMS:
-            run = run_case(layout, build, CASE_BY_KEY[key], texts)
+            run, _ = run_case(layout, build, CASE_BY_KEY[key], texts)
             if run.counts is None:
                 raise OverlayError(f"{name}: {run.error}")
             runs[name].append(run)

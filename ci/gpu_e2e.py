@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             mp: dict[str, Single | str] = {}
             for build in (UNPATCHED, PATCHED):
                 install(venv, wheels[build])
-                runs += [run_case(layout, build, case, prompts) for case in PD_CASES]
+                runs += [run_case(layout, build, case, prompts)[0] for case in PD_CASES]
                 singles.update(single_runs(layout, build, prompts[0]))
                 plain_log = layout.logs / f"{build}-single-{HYBRID}-plain.log"
                 mp[build] = run_lmcache_mp(layout, build, prompts[0], plain_log)

@@ -31,8 +31,11 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ci.pd import load
+from ci.pd.bench import BenchResult, run_bench
 from ci.pd.cases import (
     CASES,
+    FLOAT32_MODELS,
     MODEL_ARGS,
     TABLE_HEADER,
     Case,
@@ -73,6 +76,9 @@ class Suite:
     """Everything one run of the suite gave."""
 
     runs: list[Run] = field(default_factory=list)
+    loads: list[load.LoadRun] = field(default_factory=list)
+    # Per model, the reference server under the load runs' workload.
+    yardsticks: dict[str, BenchResult] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -82,15 +88,34 @@ class Suite:
 
     def report(self) -> str:
         lines = [TABLE_HEADER, *(run.row() for run in self.runs), ""]
+        if self.loads:
+            lines += [
+                f"Under load: {load.WORKLOAD.describe()}.",
+                load.LOAD_TABLE_HEADER,
+            ]
+            lines += [
+                load.yardstick_row(model, bench)
+                for model, bench in self.yardsticks.items()
+            ]
+            lines += [
+                run.row(self.yardsticks.get(run.case.model)) for run in self.loads
+            ]
+            lines += [f"  {run.name}: decode {run.kv_cache}" for run in self.loads]
+            lines.append("")
         lines += map(str, self.checks)
         return "\n".join(lines)
 
 
 def run_reference(
-    layout: Layout, model: str, prefix_caching: bool, prompts: Sequence[list[int]]
-) -> list[Completion]:
+    layout: Layout,
+    model: str,
+    prefix_caching: bool,
+    prompts: Sequence[list[int]],
+    with_load: bool = False,
+) -> tuple[list[Completion], BenchResult | None]:
     """One unpatched server of `model` without a connector: the expected
-    output."""
+    output, and if `with_load` its run of the load workload, the
+    yardstick."""
     with ExitStack() as stack:
         server, port = start_vllm(
             stack,
@@ -108,16 +133,32 @@ def run_reference(
             raise OverlayError(
                 f"the reference server failed ({exc}); see {server.log}"
             ) from None
+        yardstick = None
+        if with_load:
+            yardstick = run_bench(
+                layout.envs[UNPATCHED],
+                port,
+                layout.models[model],
+                load.WORKLOAD,
+                layout.logs / f"bench-reference-{model}.json",
+                layout.vllm_cache,
+            )
         server.stop()
-    return completions
+    return completions, yardstick
 
 
 def run_case(
-    layout: Layout, build: str, case: Case, prompts: Sequence[list[int]]
-) -> Run:
+    layout: Layout,
+    build: str,
+    case: Case,
+    prompts: Sequence[list[int]],
+    with_load: bool = False,
+) -> tuple[Run, load.LoadRun | None]:
     """One case on one build: a fresh pair, the prompts through the proxy one
-    after the other, and what the decode server counted."""
+    after the other, and what the decode server counted; then, if
+    `with_load` and the case has one, its load run on the same pair."""
     run = Run(build, case)
+    load_run = None
     started = time.monotonic()
     try:
         with ExitStack() as stack:
@@ -129,6 +170,7 @@ def run_case(
                 case.decode,
                 case.key,
                 case.prefix_caching,
+                case.decode_args,
             )
             before = latest = scrape(pair.decode_port)
             model = layout.models[case.model]
@@ -140,15 +182,26 @@ def run_case(
                 )
                 run.ttfts.append(decode_counts(request_start, latest).ttft_s)
             run.counts = decode_counts(before, latest)
+            if with_load and case.load:
+                load_run = load.LoadRun(build, case)
+                load.run_load(
+                    layout,
+                    pair,
+                    load_run,
+                    layout.logs / f"bench-{build}-{case.key}.json",
+                )
             pair.stop()
     except (OSError, HTTPException, OverlayError) as exc:
-        run.error = str(exc)
-        run.log = "".join(
-            log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
-            for log in layout.logs.glob(f"{build}-*-{case.key}.log")
-        )
+        if run.counts is None:
+            run.error = str(exc)
+            run.log = "".join(
+                log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+                for log in layout.logs.glob(f"{build}-*-{case.key}.log")
+            )
+        elif load_run is not None:
+            load_run.error = str(exc)
     run.seconds = time.monotonic() - started
-    return run
+    return run, load_run
 
 
 def make_layout(release: str, cache: Path, cases: Sequence[Case]) -> Layout:
@@ -179,24 +232,36 @@ def make_layout(release: str, cache: Path, cases: Sequence[Case]) -> Layout:
 
 
 def run_pd_e2e(
-    release: str, cache: Path, cases: Sequence[Case] = CASES, faults: bool = True
+    release: str,
+    cache: Path,
+    cases: Sequence[Case] = CASES,
+    faults: bool = True,
+    with_load: bool = True,
 ) -> Suite:
-    """Every case on each of its builds, the fault cases, and the verdicts."""
+    """Every case on each of its builds (with its load run if `with_load`),
+    the fault cases, and the verdicts."""
     started = time.monotonic()
     layout = make_layout(release, cache, [*cases, FAULT_CASE] if faults else cases)
     prompts = make_prompts()
-    references = {
-        case.model: run_reference(layout, case.model, case.prefix_caching, prompts)
-        for case in {case.model: case for case in cases}.values()
-    }
     suite = Suite()
-    suite.runs = [
-        run_case(layout, build, case, prompts)
-        for case in cases
-        for build in case.builds
-    ]
+    references = {}
+    for case in {case.model: case for case in cases}.values():
+        loaded = with_load and any(c.load for c in cases if c.model == case.model)
+        references[case.model], yardstick = run_reference(
+            layout, case.model, case.prefix_caching, prompts, loaded
+        )
+        if yardstick is not None:
+            suite.yardsticks[case.model] = yardstick
+    for case in cases:
+        for build in case.builds:
+            run, load_run = run_case(layout, build, case, prompts, with_load)
+            suite.runs.append(run)
+            if load_run is not None:
+                suite.loads.append(load_run)
     compare_with_references(references, suite.runs)
+    load.compare_with_yardsticks(suite.yardsticks, suite.loads)
     suite.checks = checks(suite.runs)
+    suite.checks += load.checks(suite.loads, FLOAT32_MODELS)
     if faults:
         suite.checks += run_faults(layout, prompts)
     suite.seconds = time.monotonic() - started
@@ -213,10 +278,17 @@ def main(argv: list[str] | None = None) -> int:
         help="run only these cases (default: all)",
     )
     parser.add_argument("--no-faults", action="store_true", help="skip the fault cases")
+    parser.add_argument("--no-load", action="store_true", help="skip the load runs")
     args = parser.parse_args(argv)
     cases = [case for case in CASES if not args.cases or case.key in args.cases]
     try:
-        suite = run_pd_e2e(args.release, cache_root(), cases, faults=not args.no_faults)
+        suite = run_pd_e2e(
+            args.release,
+            cache_root(),
+            cases,
+            faults=not args.no_faults,
+            with_load=not args.no_load,
+        )
     except OverlayError as exc:
         report_error(exc)
         return 1

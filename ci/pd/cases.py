@@ -51,6 +51,9 @@ from ci.pd.metrics import DecodeCounts
 from ci.pd.pair import DROP_IN, NIXL, PATCHED, UNPATCHED
 
 HYBRID, DENSE, MAMBA2 = "tiny-qwen3.5", "tiny-llama", "tiny-nemotron-h"
+# The models served in float32, whose greedy output is an exact oracle under
+# batching too (see the module docstring).
+FLOAT32_MODELS = (DENSE, MAMBA2)
 # vLLM's CPU platform serves a float32 checkpoint in bfloat16 unless told. It
 # also keeps GatedDeltaNet state in float32 only on a CPU with AVX-512 BF16
 # (vllm/platforms/cpu.py:284-304 in 0.31.0), else in the model's dtype; the
@@ -61,6 +64,12 @@ MODEL_ARGS: dict[str, tuple[str, ...]] = {
     DENSE: ("--dtype", "float32"),
     MAMBA2: ("--dtype", "float32"),
 }
+# The decode cache of a case with a load run: 4,096 tokens, about three
+# requests of `ci/pd/load.py`'s workload. On a CPU the Llama's blocks hold
+# 128 tokens (vllm/platforms/cpu.py:292-293 in 0.32.0); the hybrid's 384
+# (the attention block grows to fit a recurrent state), shared by its KV
+# cache groups.
+DECODE_CAP_BLOCKS = {HYBRID: 24, DENSE: 32}
 DECODE_BENCH: dict[str, object] = {
     "kv_connector": "DecodeBenchConnector",
     "kv_role": "kv_both",
@@ -98,6 +107,15 @@ class Case:
     # Text upstream's start-up refusal must hold, for a case that upstream
     # does not start.
     upstream_refusal: str = ""
+    # Whether a load run (`ci/pd/load.py`) follows the sequential prompts,
+    # against a decode cache capped to DECODE_CAP_BLOCKS[model].
+    load: bool = False
+
+    @property
+    def decode_args(self) -> tuple[str, ...]:
+        if not self.load:
+            return ()
+        return ("--num-gpu-blocks-override", str(DECODE_CAP_BLOCKS[self.model]))
 
     @property
     def label(self) -> str:
@@ -117,13 +135,14 @@ def connector_name(config: dict[str, object]) -> str:
 
 
 CASES = (
-    Case("hybrid-nixl", HYBRID, NIXL),
+    Case("hybrid-nixl", HYBRID, NIXL, load=True),
     Case(
         "hybrid-multi",
         HYBRID,
         multi(NIXL, DECODE_BENCH),
         builds=(UNPATCHED, PATCHED, DROP_IN),
         upstream="hybrid-nixl",
+        load=True,
     ),
     Case(
         "hybrid-lmcache",
@@ -132,7 +151,7 @@ CASES = (
         upstream="hybrid-nixl",
         upstream_refusal=UNIFY_REFUSAL,
     ),
-    Case("dense-multi", DENSE, multi(NIXL, DECODE_BENCH)),
+    Case("dense-multi", DENSE, multi(NIXL, DECODE_BENCH), load=True),
     Case("mamba2-multi", MAMBA2, multi(NIXL, DECODE_BENCH), prefix_caching=False),
 )
 CASE_BY_KEY = {case.key: case for case in CASES}

@@ -151,10 +151,11 @@ def start_pair(
     decode_config: dict[str, object],
     tag: str,
     prefix_caching: bool = True,
+    decode_args: Sequence[str] = (),
 ) -> Pair:
     """A prefill server (plain NixlConnector), a decode server with
-    `decode_config` and the proxy in front, all ready; logs named
-    `<build>-<role>-<tag>.log`."""
+    `decode_config` (and `decode_args`: the load case's cache cap) and the
+    proxy in front, all ready; logs named `<build>-<role>-<tag>.log`."""
     prefill, prefill_port = start_vllm(
         stack,
         layout,
@@ -174,6 +175,7 @@ def start_pair(
         decode_config,
         DECODE_CORES,
         prefix_caching,
+        decode_args,
     )
     proxy_port = free_port()
     proxy = start(
