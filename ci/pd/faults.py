@@ -13,14 +13,28 @@ must go on serving.
    whose prefill server is gone, fails the request with an HTTP error
    instead of hanging.
 
+And under load, against the capped decode cache of the case's load run:
+
+4. A dozen streamed requests through the proxy at once, a third of whose
+   clients disconnect after their first token: the others complete, and
+   both servers free every block once idle (the prefill side's when its
+   lease expires, if the decode side never read them).
+5. The prefill server killed while streamed requests are in flight through
+   the proxy (case 2 happens at the same moment): every one of them ends
+   within the request bound, completed or with an error, the decode
+   server's KV cache empties, and it serves on (case 3).
+
 With vLLM's default `kv_load_failure_policy` ("fail", config/kv_transfer.py
 in 0.32.0) a failed pull ends the request with an error; NIXL gives up a
 handshake after VLLM_P2P_HANDSHAKE_TIMEOUT_S (30 s by default, envs.py:238).
 """
 
+import http.client
+import json
 import time
 import urllib.error
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from http.client import HTTPException
 from pathlib import Path
@@ -28,16 +42,28 @@ from pathlib import Path
 from ci.pd.cases import CASE_BY_KEY, Check
 from ci.pd.completions import (
     MAX_TOKENS,
+    REQUEST_TIMEOUT_S,
     complete,
     completion_body,
+    make_prompts,
     parse_completion,
     post,
 )
-from ci.pd.pair import PATCHED, Layout, start_pair
+from ci.pd.load import IDLE_TIMEOUT_S, idle_usage
+from ci.pd.pair import PATCHED, Layout, Pair, start_pair
 from ci.servers import free_port
 from vllm_overlay.errors import OverlayError
 
 CASE = CASE_BY_KEY["hybrid-multi"]
+# Requests in flight in the cases under load, every ABORT_EVERY-th of whose
+# clients disconnects after its first token (case 4); drawn under a seed of
+# their own, sharing a prefix with each other and nothing with the suite.
+IN_FLIGHT = 12
+ABORT_EVERY = 3
+LOAD_PROMPTS = make_prompts(count=IN_FLIGHT, seed=24)
+# How long case 5 waits for a first token before it kills the prefill
+# server anyway.
+FIRST_TOKEN_WAIT_S = 60
 # What the toy proxy sends the prefill server (toy_proxy_server.py:157-164).
 PREFILL_PARAMS = {
     "do_remote_decode": True,
@@ -95,14 +121,138 @@ def plain(
     return lambda: post(port, "/v1/completions", completion_body(model, prompt))
 
 
+class FirstToken:
+    """Set once any streamed request of a batch has its first token."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.at is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def stream(
+    port: int, model: Path, prompt: Sequence[int], abort: bool, first: FirstToken
+) -> str:
+    """One streamed completion through 127.0.0.1:`port`, read until its end,
+    or until its first token if `abort` (then the client disconnects): what
+    became of it, starting with "completed", "aborted" or "failed"."""
+    body = {**completion_body(model, prompt), "stream": True}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
+    tokens = 0
+    try:
+        conn.request(
+            "POST",
+            "/v1/completions",
+            json.dumps(body),
+            {"Content-Type": "application/json"},
+        )
+        response = conn.getresponse()
+        if response.status != 200:
+            text = response.read().decode(errors="replace")[:120]
+            return f"failed: HTTP {response.status} {text}"
+        for line in response:
+            data = line.decode(errors="replace").strip().removeprefix("data: ")
+            if not data.startswith("{"):
+                continue
+            choice = json.loads(data)["choices"][0]
+            tokens += len((choice.get("logprobs") or {}).get("tokens") or [])
+            if tokens and first.at is None:
+                first.at = time.monotonic()
+            if tokens and abort:
+                return "aborted"
+    except (OSError, HTTPException, ValueError, LookupError) as exc:
+        return f"failed after {tokens} tokens: {type(exc).__name__} {exc}"
+    finally:
+        conn.close()
+    if tokens == MAX_TOKENS:
+        return "completed"
+    return f"failed: ended after {tokens} tokens"
+
+
+def start_streams(
+    pool: ThreadPoolExecutor, pair: Pair, model: Path, abort_every: int
+) -> tuple[list[Future[str]], FirstToken]:
+    """LOAD_PROMPTS streamed through the proxy at once; every `abort_every`
+    -th client disconnects after its first token (none if 0)."""
+    first = FirstToken()
+    futures = [
+        pool.submit(
+            stream,
+            pair.proxy_port,
+            model,
+            prompt,
+            bool(abort_every) and i % abort_every == abort_every - 1,
+            first,
+        )
+        for i, prompt in enumerate(LOAD_PROMPTS)
+    ]
+    return futures, first
+
+
+def outcomes(futures: Sequence[Future[str]]) -> list[str]:
+    """What became of each streamed request; one that has not ended within
+    the request bound (and a margin) is "hung"."""
+    deadline = time.monotonic() + REQUEST_TIMEOUT_S + 30
+    ended = []
+    for future in futures:
+        try:
+            ended.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
+        except TimeoutError:
+            ended.append("hung")
+    return ended
+
+
+def tally(ended: Sequence[str]) -> str:
+    kinds: dict[str, int] = {}
+    for outcome_ in ended:
+        kind = outcome_.split(":")[0].split(" after")[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    failures = sorted({e for e in ended if e.startswith("failed")})[:2]
+    summary = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+    return summary + (f" ({'; '.join(failures)})" if failures else "")
+
+
+def aborts_under_load(pool: ThreadPoolExecutor, pair: Pair, model: Path) -> Check:
+    """Case 4."""
+    futures, _ = start_streams(pool, pair, model, ABORT_EVERY)
+    ended = outcomes(futures)
+    busy = idle_usage({"prefill": pair.prefill_port, "decode": pair.decode_port})
+    expected = [
+        "aborted" if i % ABORT_EVERY == ABORT_EVERY - 1 else "completed"
+        for i in range(len(ended))
+    ]
+    detail = (
+        tally(ended)
+        + "; "
+        + (", ".join(busy) or f"both KV caches empty within {IDLE_TIMEOUT_S}s")
+    )
+    return Check(
+        "fault: clients disconnect under load", ended == expected and not busy, detail
+    )
+
+
 def run_faults(layout: Layout, prompts: Sequence[Sequence[int]]) -> list[Check]:
     """The fault cases above on one fresh pair of the patched build."""
     model = layout.models[CASE.model]
     results = []
     try:
         with ExitStack() as stack:
-            pair = start_pair(stack, layout, PATCHED, CASE.model, CASE.decode, "faults")
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=IN_FLIGHT))
+            pair = start_pair(
+                stack,
+                layout,
+                PATCHED,
+                CASE.model,
+                CASE.decode,
+                "faults",
+                CASE.prefix_caching,
+                CASE.decode_args,
+            )
             complete(pair.proxy_port, model, prompts[0])
+            results.append(aborts_under_load(pool, pair, model))
 
             params = prefill_only(pair.prefill_port, model, prompts[1])
             # A new engine id too: the decode server keeps the agents it
@@ -119,12 +269,28 @@ def run_faults(layout: Layout, prompts: Sequence[Sequence[int]]) -> list[Check]:
             )
 
             params = prefill_only(pair.prefill_port, model, prompts[2])
+            in_flight, first = start_streams(pool, pair, model, abort_every=0)
+            first.wait(FIRST_TOKEN_WAIT_S)
             pair.prefill.kill()
             ok, detail = outcome(
                 decode_with(pair.decode_port, model, prompts[2], params)
             )
             results.append(
                 Check("fault: the prefill server killed before the pull", ok, detail)
+            )
+            ended = outcomes(in_flight)
+            busy = idle_usage({"decode": pair.decode_port})
+            results.append(
+                Check(
+                    "fault: the prefill server killed under load",
+                    "hung" not in ended and not busy,
+                    tally(ended)
+                    + "; "
+                    + (
+                        ", ".join(busy)
+                        or f"decode KV cache empty within {IDLE_TIMEOUT_S}s"
+                    ),
+                )
             )
 
             ok, detail = outcome(plain(pair.decode_port, model, prompts[3]))

@@ -1,13 +1,20 @@
-"""The pure parts of the P/D load runs (`ci/pd/bench.py`, `ci/pd/load.py`):
-reading `vllm bench serve`'s results JSON and the verdicts. The servers and
-`vllm bench serve` itself run in `tools/test.sh`."""
+"""The pure parts of the P/D load runs (`ci/pd/bench.py`, `ci/pd/load.py`,
+the streamed requests of `ci/pd/faults.py`): reading `vllm bench serve`'s
+results JSON, the verdicts, and what became of a streamed request. The
+servers and `vllm bench serve` itself run in `tools/test.sh`."""
 
+import json
 import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from ci.pd.bench import BenchResult, Workload, percentile
 from ci.pd.cases import CASE_BY_KEY, FLOAT32_MODELS
+from ci.pd.completions import MAX_TOKENS
+from ci.pd.faults import FirstToken, stream, tally
 from ci.pd.load import LoadRun, checks, compare_with_yardsticks, negative_counters
 from ci.pd.metrics import DecodeCounts
 from ci.pd.pair import DROP_IN, PATCHED, UNPATCHED
@@ -187,4 +194,60 @@ def test_a_load_run_without_results_fails() -> None:
     assert (
         "load: drop-in: tiny-qwen3.5: MultiConnector[NixlConnector, "
         "DecodeBenchConnector]" in failing(load_runs(**{"drop-in/hybrid-multi": run}))
+    )
+
+
+class _Streamer(BaseHTTPRequestHandler):
+    """Answers a completion as vLLM streams one: a `data:` line per token,
+    then `data: [DONE]`; `tokens` of them, or HTTP 500 if `tokens` is -1."""
+
+    tokens = MAX_TOKENS
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if self.tokens < 0:
+            self.send_error(500, "Internal Server Error")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        chunk = {"choices": [{"text": "x", "logprobs": {"tokens": ["token_id:5"]}}]}
+        for _ in range(self.tokens):
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("tokens", "abort", "want"),
+    [
+        (MAX_TOKENS, False, "completed"),
+        (MAX_TOKENS, True, "aborted"),
+        (3, False, "failed: ended after 3 tokens"),
+        (-1, False, "failed: HTTP 500"),
+    ],
+)
+def test_a_streamed_request_says_what_became_of_it(
+    tokens: int, abort: bool, want: str
+) -> None:
+    handler = type("Streamer", (_Streamer,), {"tokens": tokens})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        first = FirstToken()
+        got = stream(server.server_address[1], Path("m"), [5, 6], abort, first)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert got.startswith(want)
+    assert (first.at is not None) == (tokens > 0)
+
+
+def test_the_tally_counts_outcomes_and_names_failures() -> None:
+    ended = ["completed", "aborted", "completed", "failed: HTTP 500 oops", "hung"]
+    assert tally(ended) == (
+        "1 aborted, 2 completed, 1 failed, 1 hung (failed: HTTP 500 oops)"
     )
