@@ -31,7 +31,7 @@ import pytest
 import torch
 import vllm.envs as envs
 from conftest import MakeVllmConfig
-from vllm.config import KVTransferConfig, VllmConfig
+from vllm.config import KVTransferConfig, VllmConfig, set_current_vllm_config
 from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import (
     NixlConnectorWorker,
@@ -175,7 +175,11 @@ def build_worker(
         ],
     )
     resolve_layout_as_the_engine_does(vllm_config, kv_cache_config)
-    worker = NixlConnectorWorker(vllm_config, "probe-engine", kv_cache_config)
+    # The worker process builds its connector within its config
+    # (WorkerWrapperBase.initialize_from_config: 0.22.1
+    # vllm/v1/worker/worker_base.py:315-319, 0.32.0 :340-344).
+    with set_current_vllm_config(vllm_config):
+        worker = NixlConnectorWorker(vllm_config, "probe-engine", kv_cache_config)
     worker.shutdown()
 
 
