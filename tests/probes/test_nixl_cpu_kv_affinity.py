@@ -126,9 +126,7 @@ class _IdleNixlAgent:
 def nixl_host(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The stand-ins of every probe here (see the module docstring)."""
     monkeypatch.setattr(nixl_worker_module, "NixlWrapper", _IdleNixlAgent)
-    monkeypatch.setattr(
-        nixl_worker_module, "get_tensor_model_parallel_rank", lambda: 0
-    )
+    monkeypatch.setattr(nixl_worker_module, "get_tensor_model_parallel_rank", lambda: 0)
     monkeypatch.setattr(
         nixl_worker_module, "get_tensor_model_parallel_world_size", lambda: 1
     )
