@@ -14,16 +14,15 @@ Patched, an explicit binding keeps only the reserved cores within the thread's
 own binding; with none, the thread stays where OpenMP bound it.
 
 The worker is NIXL's real `NixlConnectorWorker`, built by its real `__init__`
-on vLLM's CPU platform, with three stand-ins (`nixl_host`): a NIXL agent that
-does nothing (no transfer happens here), a single-rank tensor-parallel group,
-and the host (`EmulatedHost`).
+on vLLM's CPU platform, with stand-ins for a NIXL agent that does nothing (no
+transfer happens here) and a single-rank tensor-parallel group (`nixl_host`),
+and for the host (`EmulatedHost`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +50,7 @@ try:
         resolve_kv_cache_layout,
     )
 except ImportError:
-    # 0.22.1: each worker reads the layout from its environment.
+    # 0.22.1: the worker asks for the layout itself (get_kv_cache_layout).
     resolve_kv_cache_layout = None
 
 try:
@@ -123,14 +122,13 @@ class _IdleNixlAgent:
 
 
 @pytest.fixture
-def nixl_host(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The stand-ins of every probe here (see the module docstring)."""
+def nixl_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NIXL agent and the tensor-parallel group of every probe here."""
     monkeypatch.setattr(nixl_worker_module, "NixlWrapper", _IdleNixlAgent)
     monkeypatch.setattr(nixl_worker_module, "get_tensor_model_parallel_rank", lambda: 0)
     monkeypatch.setattr(
         nixl_worker_module, "get_tensor_model_parallel_world_size", lambda: 1
     )
-    yield
 
 
 def build_worker(
@@ -185,7 +183,7 @@ def resolve_layout_as_the_engine_does(
     vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
 ) -> None:
     """Resolve the KV cache layout as the engine core does before its workers
-    build their connectors (0.32.0 vllm/v1/engine/core.py:293-300), from the
+    build their connectors (0.32.0 vllm/v1/engine/core.py:292-301), from the
     layouts the worker's attention backends support."""
     if resolve_kv_cache_layout is None:
         return
