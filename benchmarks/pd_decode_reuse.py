@@ -1,104 +1,280 @@
-"""What the P/D decode-side patch changes for a hybrid model, measured end
-to end: a prefill and a decode `vllm serve` of the tiny Qwen3.5 hybrid
-behind upstream's toy proxy (`ci/pd/pair.py`), the decode side behind
-MultiConnector[NixlConnector, DecodeBenchConnector], unpatched vs patched,
-with plain NixlConnector on the unpatched build as the yardstick.
+"""What the P/D decode-side patch changes for a hybrid model under load,
+measured with vLLM's own `vllm bench serve` (`ci/pd/bench.py`): a prefill
+and a decode `vllm serve` of the tiny Qwen3.5 hybrid behind upstream's toy
+proxy (`ci/pd/pair.py`), `prefix_repetition` requests, greedy.
 
-Each arm is a fresh pair per round, the arms alternating round by round;
-every round sends the same prompts (sharing a prefix of several hybrid
-blocks) one after the other. From the decode server's `/metrics`: tokens
-reused from its local prefix cache, tokens pulled from the prefill server,
-NIXL bytes, and the time to first token at the decode server (the pull and
-the rest of the prefill, per request). The script prints each arm's numbers
-(TTFT: the median over every request of every round) and the ratios patched
-/ unpatched, all from this one run, and whether every arm's greedy output
-equals the unpatched plain-NIXL run's.
+Arms: one server without a connector (the yardstick), and the P/D pair with
+the decode side behind plain NixlConnector or MultiConnector[NixlConnector,
+DecodeBenchConnector], each on the unpatched and the patched build. Cells:
+each concurrency of `--concurrency`, with the decode server's KV cache
+uncapped (1 GiB) and capped to three requests' worth
+(`ci/pd/cases.py` DECODE_CAP_BLOCKS). A round starts every arm afresh, once
+per cache setting, the arms in turn, and runs every concurrency on it, each
+with prompts of its own (a seed per round and concurrency, so no run finds
+another's prefix cached); the rounds repeat that. Per cell and arm: the
+median over rounds of median and p99 TTFT, median TPOT, output tokens/s,
+the decode server's local-hit and pulled prompt tokens, and the prefill
+side's expired leases; every ratio is printed as its median over rounds
+with its spread (min-max), each round's ratio taken between runs of the
+same round.
 
-The model is tiny and the machine a CPU: the pulled KV is megabytes, so the
-times say how the transfer and the scheduling compare here, not what a GPU
-deployment of a real model gains (there the re-pulled prefix is gigabytes).
+The model is tiny and the machine a CPU: the times say how transfer and
+scheduling compare here, not what a GPU deployment of a real model gains.
+`--workload seed` is the seed's layout for a GPU runner (16,384-token
+prefixes, 2 of them, 1,024-token suffixes, 512 prompts; use it with
+`--concurrency 256`).
 
-Usage: python benchmarks/pd_decode_reuse.py [RELEASE] [--rounds N] [--prompts N]
+Usage: python benchmarks/pd_decode_reuse.py [RELEASE] [--rounds N]
+    [--concurrency C ...] [--prompts N] [--output-len N] [--workload seed]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
 
 import argparse
 import statistics
 import sys
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ci.pd.cases import CASE_BY_KEY, Run
-from ci.pd.completions import compare, make_prompts
-from ci.pd.pair import PATCHED, UNPATCHED
-from ci.pd_e2e import make_layout, run_case
+from ci.pd.bench import BenchResult, Workload, run_bench
+from ci.pd.cases import CASE_BY_KEY, DECODE_CAP_BLOCKS, HYBRID, Case
+from ci.pd.load import EXPIRED_LEASE, count_lines
+from ci.pd.metrics import DecodeCounts, decode_counts, scrape
+from ci.pd.pair import PATCHED, UNPATCHED, Layout, start_pair, start_vllm, wait_all
+from ci.pd_e2e import make_layout
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.facts import e2e_release
 
+ONE_SERVER = "one server"
+# (name, build, case key; "" for the one server).
 ARMS = (
-    ("unpatched NixlConnector", UNPATCHED, "hybrid-nixl"),
-    ("unpatched MultiConnector", UNPATCHED, "hybrid-multi"),
-    ("patched MultiConnector", PATCHED, "hybrid-multi"),
+    (ONE_SERVER, UNPATCHED, ""),
+    ("NixlConnector, unpatched", UNPATCHED, "hybrid-nixl"),
+    ("NixlConnector, patched", PATCHED, "hybrid-nixl"),
+    ("MultiConnector, unpatched", UNPATCHED, "hybrid-multi"),
+    ("MultiConnector, patched", PATCHED, "hybrid-multi"),
 )
+CACHES = ("uncapped", "capped")
+# The seed's layout, for a GPU runner.
+SEED_WORKLOAD = Workload(
+    prompts=512, concurrency=256, prefix_len=16384, suffix_len=1024, num_prefixes=2
+)
+CPU_WORKLOAD = Workload(prompts=48, prefix_len=1200, suffix_len=100, output_len=32)
 
 
-def measure(release: str, rounds: int, prompts: int) -> dict[str, list[Run]]:
+@dataclass(frozen=True)
+class Sample:
+    """One `vllm bench serve` run of an arm, and what the servers counted."""
+
+    bench: BenchResult
+    counts: DecodeCounts | None
+    expired_leases: int
+
+
+# (cache, concurrency) -> arm name -> one Sample per round.
+Results = dict[tuple[str, int], dict[str, list[Sample]]]
+
+
+def run_arm(
+    layout: Layout,
+    name: str,
+    build: str,
+    case: Case | None,
+    cache: str,
+    workloads: Sequence[Workload],
+    tag: str,
+) -> list[Sample]:
+    """A fresh server or pair of the arm, and every workload on it in turn."""
+    decode_args = ("--num-gpu-blocks-override", str(DECODE_CAP_BLOCKS[HYBRID]))
+    samples = []
+    with ExitStack() as stack:
+        if case is None:
+            server, port = start_vllm(
+                stack, layout, build, HYBRID, f"bench-one-{tag}", None, cores="0-1"
+            )
+            wait_all([(server, port, "/health")])
+            target, decode_port = port, None
+            prefill_log: Path | None = None
+        else:
+            pair = start_pair(
+                stack,
+                layout,
+                build,
+                HYBRID,
+                case.decode,
+                f"bench-{tag}",
+                decode_args=decode_args if cache == "capped" else (),
+            )
+            target, decode_port = pair.proxy_port, pair.decode_port
+            prefill_log = pair.prefill.log
+        for workload in workloads:
+            before = scrape(decode_port) if decode_port else None
+            expired = count_lines(prefill_log, EXPIRED_LEASE) if prefill_log else 0
+            bench = run_bench(
+                layout.envs[build],
+                target,
+                layout.models[HYBRID],
+                workload,
+                layout.logs / f"bench-{tag}-c{workload.concurrency}.json",
+                layout.vllm_cache,
+            )
+            counts = None
+            if before is not None and decode_port is not None:
+                counts = decode_counts(before, scrape(decode_port))
+            if prefill_log is not None:
+                expired = count_lines(prefill_log, EXPIRED_LEASE) - expired
+            if bench.failed:
+                print(
+                    f"  {name}, {cache}, c{workload.concurrency}: "
+                    f"{bench.failed} failed ({bench.failures[:1]})",
+                    flush=True,
+                )
+            samples.append(Sample(bench, counts, expired))
+    return samples
+
+
+def measure(
+    release: str, rounds: int, concurrencies: Sequence[int], workload: Workload
+) -> Results:
     cases = [CASE_BY_KEY["hybrid-nixl"], CASE_BY_KEY["hybrid-multi"]]
     layout = make_layout(release, cache_root(), cases)
-    texts = make_prompts(count=prompts)
-    runs: dict[str, list[Run]] = {name: [] for name, _, _ in ARMS}
-    for _ in range(rounds):
-        for name, build, key in ARMS:
-            run, _ = run_case(layout, build, CASE_BY_KEY[key], texts)
-            if run.counts is None:
-                raise OverlayError(f"{name}: {run.error}")
-            runs[name].append(run)
-    return runs
+    results: Results = {
+        (cache, c): {name: [] for name, _, _ in ARMS}
+        for cache in CACHES
+        for c in concurrencies
+    }
+    for round_ in range(rounds):
+        workloads = [
+            replace(workload, concurrency=c, seed=1000 * round_ + c)
+            for c in concurrencies
+        ]
+        for cache in CACHES:
+            for name, build, key in ARMS:
+                if key == "" and cache == "capped":
+                    continue
+                case = CASE_BY_KEY[key] if key else None
+                tag = f"{cache}-{name.replace(', ', '-')}-r{round_}".replace(" ", "-")
+                samples = run_arm(layout, name, build, case, cache, workloads, tag)
+                for c, sample in zip(concurrencies, samples, strict=True):
+                    results[(cache, c)][name].append(sample)
+                print(f"round {round_ + 1}/{rounds}: {cache}, {name} done", flush=True)
+    for c in concurrencies:
+        results[("capped", c)][ONE_SERVER] = results[("uncapped", c)][ONE_SERVER]
+    return results
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def spread(ratios: Sequence[float]) -> str:
+    """A ratio's median over rounds and its min-max."""
+    return f"x{median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def ttft(bench: BenchResult) -> float:
+    return bench.median_ttft_s
+
+
+def throughput(bench: BenchResult) -> float:
+    return bench.output_throughput
+
+
+def ratio(
+    cell: dict[str, list[Sample]],
+    top: str,
+    bottom: str,
+    metric: Callable[[BenchResult], float],
+) -> str:
+    return spread(
+        [
+            metric(a.bench) / metric(b.bench)
+            for a, b in zip(cell[top], cell[bottom], strict=True)
+        ]
+    )
+
+
+def report(results: Results, rounds: int, workload: Workload) -> None:
+    print(
+        f"\n{rounds} rounds; per run: {workload.describe()} (concurrency per cell); "
+        "medians over rounds"
+    )
+    print(
+        "| decode cache | concurrency | arm | median TTFT | p99 TTFT | median TPOT | "
+        "output tok/s | local hit / pulled (decode) | expired leases | failed |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (cache, c), cell in results.items():
+        for name, samples in cell.items():
+            benches = [s.bench for s in samples]
+            counts = [s.counts for s in samples if s.counts is not None]
+            reuse = (
+                f"{median([k.reused for k in counts]):,.0f} / "
+                f"{median([k.pulled for k in counts]):,.0f}"
+                if counts
+                else "-"
+            )
+            print(
+                f"| {cache} | {c} | {name} | "
+                f"{median([b.median_ttft_s for b in benches]):.2f} s | "
+                f"{median([b.p99_ttft_s for b in benches]):.2f} s | "
+                f"{median([b.median_tpot_s for b in benches]) * 1000:.0f} ms | "
+                f"{median([b.output_throughput for b in benches]):.1f} | {reuse} | "
+                f"{sum(s.expired_leases for s in samples)} | "
+                f"{sum(b.failed for b in benches)} |"
+            )
+    print("\nRatios (median over rounds, min-max):")
+    print(
+        "| decode cache | concurrency | TTFT patched / unpatched Multi | "
+        "tok/s patched / unpatched Multi | TTFT patched Multi / patched Nixl | "
+        "TTFT patched Multi / one server | tok/s one server / patched Multi |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    multi, nixl = "MultiConnector, patched", "NixlConnector, patched"
+    for (cache, c), cell in results.items():
+        cells = [
+            ratio(cell, multi, "MultiConnector, unpatched", ttft),
+            ratio(cell, multi, "MultiConnector, unpatched", throughput),
+            ratio(cell, multi, nixl, ttft),
+            ratio(cell, multi, ONE_SERVER, ttft),
+            ratio(cell, ONE_SERVER, multi, throughput),
+        ]
+        print(f"| {cache} | {c} | " + " | ".join(cells) + " |")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("release", nargs="?", default=e2e_release())
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 12])
+    parser.add_argument("--prompts", type=int, help="requests per run")
+    parser.add_argument("--output-len", type=int, help="output tokens per request")
+    parser.add_argument(
+        "--workload",
+        choices=("cpu", "seed"),
+        default="cpu",
+        help="the prompt layout: this CPU's (default) or the seed's, for a GPU",
+    )
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    workload = SEED_WORKLOAD if args.workload == "seed" else CPU_WORKLOAD
+    if args.prompts:
+        workload = replace(workload, prompts=args.prompts)
+    if args.output_len:
+        workload = replace(workload, output_len=args.output_len)
     try:
-        runs = measure(args.release, args.rounds, args.prompts)
+        results = measure(args.release, args.rounds, args.concurrency, workload)
     except OverlayError as exc:
         report_error(exc)
         return 1
-    yardstick = runs[ARMS[0][0]][0].completions
-    ttft = {
-        name: statistics.median(t for r in arm for t in r.ttfts)
-        for name, arm in runs.items()
-    }
-    print(
-        f"vLLM {args.release}, tiny Qwen3.5 hybrid, {args.prompts} prompts per "
-        f"round, {args.rounds} rounds; decode side, per round:"
-    )
-    print(
-        f"  {'arm':26} {'reused':>8} {'pulled':>8} {'NIXL MB':>8} "
-        f"{'TTFT ms':>8}  output = unpatched NixlConnector"
-    )
-    for name, arm in runs.items():
-        c = arm[0].counts
-        same = all(not compare(yardstick, r.completions)[0] for r in arm)
-        print(
-            f"  {name:26} {c.reused:8,} {c.pulled:8,} {c.nixl_bytes / 1e6:8.2f} "
-            f"{ttft[name] * 1e3:8.1f}  {'yes' if same else 'NO'}"
-        )
-    unpatched, patched = runs[ARMS[1][0]][0].counts, runs[ARMS[2][0]][0].counts
-    print(
-        "  patched / unpatched MultiConnector: "
-        f"pulled x{patched.pulled / unpatched.pulled:.2f}, "
-        f"NIXL bytes x{patched.nixl_bytes / unpatched.nixl_bytes:.2f}, "
-        f"decode TTFT x{ttft[ARMS[2][0]] / ttft[ARMS[1][0]]:.2f}; "
-        f"patched MultiConnector / unpatched NixlConnector: decode TTFT "
-        f"x{ttft[ARMS[2][0]] / ttft[ARMS[0][0]]:.2f}"
-    )
+    print(f"vLLM {args.release}, tiny Qwen3.5 hybrid")
+    report(results, args.rounds, workload)
     return 0
 
 
