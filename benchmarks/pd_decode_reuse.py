@@ -1,7 +1,8 @@
 """What the P/D decode-side patch changes for a hybrid model under load,
-measured with vLLM's own `vllm bench serve` (`ci/pd/bench.py`): a prefill
-and a decode `vllm serve` of the tiny Qwen3.5 hybrid behind upstream's toy
-proxy (`ci/pd/pair.py`), `prefix_repetition` requests, greedy.
+measured with vLLM's own `vllm bench serve` (`ci/pd/bench.py`, the unpatched
+release's client for every arm): a prefill and a decode `vllm serve` of the
+tiny Qwen3.5 hybrid behind upstream's toy proxy (`ci/pd/pair.py`),
+`prefix_repetition` requests, greedy.
 
 Arms: one server without a connector (the yardstick), and the P/D pair with
 the decode side behind plain NixlConnector or MultiConnector[NixlConnector,
@@ -116,7 +117,7 @@ def run_arm(
             before = scrape(decode_port) if decode_port else None
             expired = count_lines(prefill_log, EXPIRED_LEASE) if prefill_log else 0
             bench = run_bench(
-                layout.envs[build],
+                layout.envs[UNPATCHED],
                 target,
                 layout.models[HYBRID],
                 workload,

