@@ -38,10 +38,6 @@ class Workload:
     output_len: int = 32
     seed: int = 0
 
-    @property
-    def prompt_len(self) -> int:
-        return self.prefix_len + self.suffix_len
-
     def describe(self) -> str:
         return (
             f"{self.prompts} requests of a {self.prefix_len:,}-token shared prefix "
@@ -72,7 +68,6 @@ class BenchResult:
 
     completed: int
     failed: int
-    duration_s: float
     output_throughput: float
     ttfts: tuple[float, ...]
     tpots: tuple[float, ...]
@@ -91,7 +86,6 @@ class BenchResult:
             return cls(
                 completed=int(data["completed"]),  # type: ignore[arg-type]
                 failed=int(data["failed"]),  # type: ignore[arg-type]
-                duration_s=float(data["duration"]),  # type: ignore[arg-type]
                 output_throughput=float(data["output_throughput"]),  # type: ignore[arg-type]
                 ttfts=tuple(float(t) for t in data["ttfts"]),  # type: ignore[union-attr]
                 tpots=tpots,

@@ -80,7 +80,6 @@ def bench(texts: tuple[str, ...] = ("x", "y"), failed: int = 0) -> BenchResult:
     return BenchResult(
         completed=len(texts) - failed,
         failed=failed,
-        duration_s=1.0,
         output_throughput=10.0,
         ttfts=(0.1,) * len(texts),
         tpots=(0.01,) * len(texts),
