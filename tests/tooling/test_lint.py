@@ -168,6 +168,28 @@ def test_a_corrupted_context_line_fails_against_the_cached_sources(project, caps
     ) in err
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        # The hunk holds 7 lines on each side; its header claims 9 new ones.
+        ("@@ -17,7 +17,7 @@", "@@ -17,7 +17,9 @@"),
+        ("@@ -17,7 +17,7 @@", "@@ -17,5 +17,7 @@"),
+        (f"+++ b/{SCHEDULER}\n", ""),
+    ],
+)
+def test_a_patch_git_cannot_read_fails_without_sources(project, capsys, old, new):
+    """On a fresh clone (no sources cached), a hand-edited hunk header or a
+    broken file header fails lint, before any build or `pin --bump`."""
+    patch = project.series_dir / "scheduler-demo.patch"
+    text = patch.read_text()
+    assert old in text
+    patch.write_text(text.replace(old, new, 1))
+    code, _, err = run_cli(capsys, "lint")
+    assert code == 1
+    assert f"{patch}: git cannot read it as a patch: " in err
+    assert "skipped zero-fuzz application" in err
+
+
 def test_an_offset_hunk_fails_against_the_cached_sources(project):
     cache_sources(project, "new first line\n" + SCHEDULER_SOURCE)
     (problem,) = lint(project.patches)

@@ -232,6 +232,23 @@ def test_bump_records_the_series_then_bumps_a_changed_one(project, capsys):
     assert load_pins(pins_file(project))[RELEASE].revision == 2
 
 
+def test_bump_refuses_a_patch_git_cannot_read(project, capsys):
+    assert run_cli(capsys, "pin", "--bump", RELEASE)[0] == 0
+    before = pins_file(project).read_bytes()
+    patch = project.series_dir / "scheduler-demo.patch"
+    patch.write_text(
+        patch.read_text().replace("@@ -17,7 +17,7 @@", "@@ -17,7 +17,9 @@")
+    )
+    code, out, err = run_cli(capsys, "pin", "--bump", RELEASE)
+    assert code == 1
+    assert out == ""
+    assert err.startswith(
+        f"vllm-overlay: error: {patch}: git cannot read it as a patch: corrupt patch"
+    )
+    assert err.endswith(f"; the series of vLLM {RELEASE} is not recorded\n")
+    assert pins_file(project).read_bytes() == before
+
+
 def test_bump_refuses_an_unchanged_series(project, capsys):
     assert run_cli(capsys, "pin", "--bump", RELEASE)[0] == 0
     before = pins_file(project).read_bytes()

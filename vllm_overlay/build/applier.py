@@ -100,6 +100,24 @@ def git_apply(
     )
 
 
+def syntax_problem(path: Path) -> str | None:
+    """Why git cannot read the patch file at `path` as a patch (a hunk whose
+    header counts other lines than it holds, a broken file header), or None.
+
+    Read as the build will apply it, with no sources: `git apply --numstat`
+    parses every hunk and applies nothing, so a corrupt patch is found on a
+    fresh clone, not first by a build."""
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-parse-") as scratch:
+        proc = git_run(
+            Path(scratch),
+            *("apply", "--numstat", str(path.resolve())),
+            env={"GIT_CEILING_DIRECTORIES": str(Path(scratch).parent)},
+        )
+    if proc.returncode == 0:
+        return None
+    return f"{path}: git cannot read it as a patch: {apply_error(proc.stderr)}"
+
+
 def hunk_problems(patch: Patch, stderr: str) -> list[HunkProblem]:
     """Every misplaced or failed hunk `git apply -v` reported, in order: the
     zero-offset rule needs the former, naming a conflict needs the latter."""

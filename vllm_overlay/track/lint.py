@@ -10,6 +10,8 @@ dropped patches, it checks what ties them to the rest of the checkout:
   without one: a probe nobody cites is usually a change a rebase lost;
 - the history only grows: the entries committed at git's HEAD are still there,
   unchanged and first;
+- every patch parses as git will apply it (hunk line counts, file headers),
+  with no sources: a hand-edited hunk header is found on a fresh clone;
 - each pinned release's series applies with zero fuzz and zero offset to the
   release's cached sources, so a corrupted context line is found here rather
   than as an out-of-date `PATCHES.md`;
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay.build.applier import apply_series
+from vllm_overlay.build.applier import apply_series, syntax_problem
 from vllm_overlay.build.fetch import cached_sdist_tree
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.git import git_run
@@ -113,6 +115,17 @@ def series_files(checkout: Checkout) -> list[str]:
             problems.append(f"{directory}: release {directory.name[1:]} is not pinned")
         problems.extend(series_problems(directory, checkout.repo_root))
     return problems
+
+
+def patch_syntax(checkout: Checkout) -> list[str]:
+    """Every patch file of every series directory that git cannot read as a
+    patch (`applier.syntax_problem`); no sources needed."""
+    return [
+        problem
+        for directory in checkout.directories
+        for path in sorted(directory.glob(f"*{PATCH_SUFFIX}"))
+        if (problem := syntax_problem(path))
+    ]
 
 
 def recorded_files(checkout: Checkout) -> list[str]:
@@ -341,6 +354,7 @@ def application_problems(checkout: Checkout) -> list[str]:
 # Every check of `vllm-overlay lint`, in the order its problems are listed.
 RULES: tuple[Rule, ...] = (
     series_files,
+    patch_syntax,
     uncited_tests,
     recorded_files,
     history_edits,

@@ -30,6 +30,7 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from vllm_overlay import atomic
+from vllm_overlay.build.applier import syntax_problem
 from vllm_overlay.build.fetch import PipRun, last_error_line, pip_download, sha256_of
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
@@ -138,6 +139,13 @@ def record_series(version: str, root: Path) -> ReleasePin:
     path = root / PINS_FILE
     release = resolve_release(load_pins(path), version)
     series = load_series(root, release)
+    unreadable = [
+        problem for patch in series.patches if (problem := syntax_problem(patch.path))
+    ]
+    if unreadable:
+        raise OverlayError(
+            f"{unreadable[0]}; the series of vLLM {release.version} is not recorded"
+        )
     if release.series_digest == series.digest:
         return release
     revision = release.revision + 1 if release.series_digest else release.revision
