@@ -12,7 +12,9 @@ uncapped (1 GiB) and capped to three requests' worth
 (`ci/pd/cases.py` DECODE_CAP_BLOCKS). A round starts every arm afresh, once
 per cache setting, the arms in turn, and runs every concurrency on it, each
 with prompts of its own (a seed per round and concurrency, so no run finds
-another's prefix cached); the rounds repeat that. Per cell and arm: the
+another's prefix cached): on the CPU layout, 4 requests per client and at
+least 16 (16, 16, 48 at concurrency 1, 4, 12), so a cell of one request at
+a time takes about as long as one of many; the rounds repeat that. Per cell and arm: the
 median over rounds of median and p99 TTFT, median TPOT, output tokens/s,
 the decode server's local-hit and pulled prompt tokens, and the prefill
 side's expired leases; every ratio is printed as its median over rounds
@@ -43,7 +45,7 @@ if __package__ in (None, ""):
 
 from ci.pd.bench import BenchResult, Workload, run_bench
 from ci.pd.cases import CASE_BY_KEY, DECODE_CAP_BLOCKS, HYBRID, Case
-from ci.pd.load import EXPIRED_LEASE, count_lines
+from ci.pd.load import EXPIRED_LEASE, SEED_WORKLOAD, count_lines
 from ci.pd.metrics import DecodeCounts, decode_counts, scrape
 from ci.pd.pair import PATCHED, UNPATCHED, Layout, start_pair, start_vllm, wait_all
 from ci.pd_e2e import make_layout
@@ -61,11 +63,9 @@ ARMS = (
     ("MultiConnector, patched", PATCHED, "hybrid-multi"),
 )
 CACHES = ("uncapped", "capped")
-# The seed's layout, for a GPU runner.
-SEED_WORKLOAD = Workload(
-    prompts=512, concurrency=256, prefix_len=16384, suffix_len=1024, num_prefixes=2
-)
-CPU_WORKLOAD = Workload(prompts=48, prefix_len=1200, suffix_len=100, output_len=32)
+CPU_WORKLOAD = Workload(prefix_len=1200, suffix_len=100, output_len=32)
+# Requests per run of the CPU layout: per client, and at least.
+PROMPTS_PER_CLIENT, MIN_PROMPTS = 4, 16
 
 
 @dataclass(frozen=True)
@@ -139,11 +139,12 @@ def run_arm(
     return samples
 
 
-def measure(
-    release: str, rounds: int, concurrencies: Sequence[int], workload: Workload
-) -> Results:
+def measure(release: str, rounds: int, cells: Sequence[Workload]) -> Results:
+    """Every arm on every cell's workload (one per concurrency), `rounds`
+    times, interleaved as the module docstring says."""
     cases = [CASE_BY_KEY["hybrid-nixl"], CASE_BY_KEY["hybrid-multi"]]
     layout = make_layout(release, cache_root(), cases)
+    concurrencies = [cell.concurrency for cell in cells]
     results: Results = {
         (cache, c): {name: [] for name, _, _ in ARMS}
         for cache in CACHES
@@ -151,8 +152,7 @@ def measure(
     }
     for round_ in range(rounds):
         workloads = [
-            replace(workload, concurrency=c, seed=1000 * round_ + c)
-            for c in concurrencies
+            replace(cell, seed=1000 * round_ + cell.concurrency) for cell in cells
         ]
         for cache in CACHES:
             for name, build, key in ARMS:
@@ -200,11 +200,10 @@ def ratio(
     )
 
 
-def report(results: Results, rounds: int, workload: Workload) -> None:
-    print(
-        f"\n{rounds} rounds; per run: {workload.describe()} (concurrency per cell); "
-        "medians over rounds"
-    )
+def report(results: Results, rounds: int, cells: Sequence[Workload]) -> None:
+    print(f"\n{rounds} rounds, medians over rounds; per run:")
+    for cell in cells:
+        print(f"  {replace(cell, seed=0).describe().removesuffix(', seed 0')}")
     print(
         "| decode cache | concurrency | arm | median TTFT | p99 TTFT | median TPOT | "
         "output tok/s | local hit / pulled (decode) | expired leases | failed |"
@@ -253,7 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("release", nargs="?", default=e2e_release())
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 12])
-    parser.add_argument("--prompts", type=int, help="requests per run")
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        help="requests per run (default: 4 per client and at least 16; seed: 512)",
+    )
     parser.add_argument("--output-len", type=int, help="output tokens per request")
     parser.add_argument(
         "--workload",
@@ -264,19 +267,40 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    workload = SEED_WORKLOAD if args.workload == "seed" else CPU_WORKLOAD
-    if args.prompts:
-        workload = replace(workload, prompts=args.prompts)
+    cells = cell_workloads(args.workload, args.concurrency, args.prompts)
     if args.output_len:
-        workload = replace(workload, output_len=args.output_len)
+        cells = [replace(cell, output_len=args.output_len) for cell in cells]
     try:
-        results = measure(args.release, args.rounds, args.concurrency, workload)
+        results = measure(args.release, args.rounds, cells)
     except OverlayError as exc:
         report_error(exc)
         return 1
     print(f"vLLM {args.release}, tiny Qwen3.5 hybrid")
-    report(results, args.rounds, workload)
+    report(results, args.rounds, cells)
     return 0
+
+
+def cell_workloads(
+    layout: str, concurrencies: Sequence[int], prompts: int | None
+) -> list[Workload]:
+    """One workload per concurrency: the seed's layout with its 512 prompts,
+    or the CPU's with PROMPTS_PER_CLIENT per client (at least MIN_PROMPTS);
+    `prompts` fixes the count for every cell."""
+    if layout == "seed":
+        return [
+            replace(
+                SEED_WORKLOAD, concurrency=c, prompts=prompts or SEED_WORKLOAD.prompts
+            )
+            for c in concurrencies
+        ]
+    return [
+        replace(
+            CPU_WORKLOAD,
+            concurrency=c,
+            prompts=prompts or max(MIN_PROMPTS, PROMPTS_PER_CLIENT * c),
+        )
+        for c in concurrencies
+    ]
 
 
 if __name__ == "__main__":

@@ -30,6 +30,14 @@ with the tiny random-weight models of `ci/tiny_model.py`:
    builds (no patch touches it).
 5. For every single-server case, the time to first token of the repeated
    prompt, with and without the connector, from `/metrics`.
+6. After its sequential prompts, each P/D pair runs the seed's layout under
+   `vllm bench serve` (`ci/pd/load.py` SEED_WORKLOAD: two 16,384-token
+   prefixes, 1,024-token suffixes, 512 prompts, 256 at a time), the decode
+   cache as large as the GPU share gives it, judged as the CPU suite judges
+   its load runs (`load.checks`: every request completed, no traceback,
+   both caches empty once idle, no read of released blocks, the patched
+   outputs those of the unpatched NixlConnector run, the patched
+   MultiConnector reusing as NixlConnector does, the unpatched one not).
 
 Nothing here runs without an NVIDIA GPU: it says so and exits 0 (exit 1 with
 `--require-gpu`, for a GPU runner). This driver has never run on a GPU in this
@@ -39,6 +47,7 @@ Usage: python ci/gpu_e2e.py [RELEASE] [--require-gpu]
 """
 
 import argparse
+import json
 import re
 import shutil
 import socket
@@ -48,13 +57,14 @@ import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.client import HTTPException
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ci.pd import load
 from ci.pd.cases import (
     LMCACHE,
     TABLE_HEADER,
@@ -100,6 +110,14 @@ BLOCK_SIZE_LINE = re.compile(r"Setting attention block size to (\d+) tokens")
 LMCACHE_SERVER_TIMEOUT_S = 120
 # Two servers share the GPU in the P/D case.
 GPU_SERVE_ARGS = ("--gpu-memory-utilization", "0.3", "--max-model-len", "2048")
+# The P/D pairs also serve the seed's 17,408-token prompts, longer than the
+# tiny models' 2,048 positions: random weights make any length as good.
+SEED_MAX_MODEL_LEN = 20480
+PD_SERVE_ARGS = (
+    *("--gpu-memory-utilization", "0.3"),
+    *("--max-model-len", str(SEED_MAX_MODEL_LEN)),
+    *("--hf-overrides", json.dumps({"max_position_embeddings": SEED_MAX_MODEL_LEN})),
+)
 PD_CASES = (
     Case("hybrid-nixl", HYBRID, NIXL_GPU),
     Case("hybrid-multi", HYBRID, multi(NIXL_GPU, OFFLOADING), upstream="hybrid-nixl"),
@@ -408,8 +426,9 @@ def main(argv: list[str] | None = None) -> int:
             extra_env=LMCACHE_ENV,
         )
         layout.logs.mkdir(parents=True, exist_ok=True)
+        pd_layout = replace(layout, serve_args=PD_SERVE_ARGS)
         prompts = make_prompts()
-        runs, singles = [], {}
+        runs, loads, singles = [], [], {}
         with tempfile.TemporaryDirectory(prefix="vllm-overlay-gpu-") as tmp:
             wheels = {
                 UNPATCHED: fetch_wheel(pin, pin.wheel_for("vllm"), cache),
@@ -418,11 +437,17 @@ def main(argv: list[str] | None = None) -> int:
             mp: dict[str, Single | str] = {}
             for build in (UNPATCHED, PATCHED):
                 install(venv, wheels[build])
-                runs += [run_case(layout, build, case, prompts)[0] for case in PD_CASES]
+                for case in PD_CASES:
+                    run, load_run = run_case(
+                        pd_layout, build, case, prompts, load.SEED_WORKLOAD
+                    )
+                    runs.append(run)
+                    if load_run is not None:
+                        loads.append(load_run)
                 singles.update(single_runs(layout, build, prompts[0]))
                 plain_log = layout.logs / f"{build}-single-{HYBRID}-plain.log"
                 mp[build] = run_lmcache_mp(layout, build, prompts[0], plain_log)
-        results = checks(runs)
+        results = checks(runs) + load.checks(loads, exact_models=())
         for model in (HYBRID, SLIDING):
             results += judge_single(model, singles)
         results += judge_mp(singles, mp)
@@ -432,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     print(TABLE_HEADER)
     for run in runs:
         print(run.row())
+    print(f"\nUnder load: {load.SEED_WORKLOAD.describe()}.")
+    print(load.LOAD_TABLE_HEADER)
+    for load_run in loads:
+        print(load_run.row(None))
     for result in results:
         print(result)
     print(f"wall time: {time.monotonic() - started:.0f}s")

@@ -32,7 +32,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ci.pd import load
-from ci.pd.bench import BenchResult, run_bench
+from ci.pd.bench import BenchResult, Workload, run_bench
 from ci.pd.cases import (
     CASES,
     FLOAT32_MODELS,
@@ -152,11 +152,11 @@ def run_case(
     build: str,
     case: Case,
     prompts: Sequence[list[int]],
-    with_load: bool = False,
+    load_workload: Workload | None = None,
 ) -> tuple[Run, load.LoadRun | None]:
     """One case on one build: a fresh pair, the prompts through the proxy one
-    after the other, and what the decode server counted; then, if
-    `with_load` and the case has one, its load run on the same pair."""
+    after the other, and what the decode server counted; then, if a
+    `load_workload` is given, its load run on the same pair."""
     run = Run(build, case)
     load_run = None
     started = time.monotonic()
@@ -182,13 +182,14 @@ def run_case(
                 )
                 run.ttfts.append(decode_counts(request_start, latest).ttft_s)
             run.counts = decode_counts(before, latest)
-            if with_load and case.load:
+            if load_workload is not None:
                 load_run = load.LoadRun(build, case)
                 load.run_load(
                     layout,
                     pair,
                     load_run,
                     layout.logs / f"bench-{build}-{case.key}.json",
+                    load_workload,
                 )
             pair.stop()
     except (OSError, HTTPException, OverlayError) as exc:
@@ -254,7 +255,8 @@ def run_pd_e2e(
             suite.yardsticks[case.model] = yardstick
     for case in cases:
         for build in case.builds:
-            run, load_run = run_case(layout, build, case, prompts, with_load)
+            workload = load.WORKLOAD if with_load and case.load else None
+            run, load_run = run_case(layout, build, case, prompts, workload)
             suite.runs.append(run)
             if load_run is not None:
                 suite.loads.append(load_run)
