@@ -88,6 +88,15 @@ def test_drifted_patch_is_kept_with_refreshed_context(checkout, capsys):
     assert run_cli(capsys, "refresh", TO, "--check")[0] == 0
 
 
+def test_releases_are_named_as_status_names_them(checkout, capsys):
+    """`9.10` and `v9.9.0` are the pinned 9.10.0 and 9.9.0, as for `status`
+    and every other command (`pins.find_pin`)."""
+    pin_target(checkout, drifted())
+    committed(checkout)
+    assert rebase(capsys, f"v{RELEASE}", "9.10")[0] == 0
+    assert [p.name for p in release_series(TO).patches] == [PATCH]
+
+
 def test_the_new_series_is_recorded_for_its_revision(checkout, capsys):
     pin_target(checkout, drifted())
     committed(checkout)
@@ -281,6 +290,8 @@ def test_later_patches_replay_after_a_resolved_conflict(checkout, capsys):
     ("argv", "message"),
     [
         ((RELEASE, "9.11.0"), "vLLM 9.11.0 is not a pinned release"),
+        ((RELEASE, "9.11"), "vLLM 9.11 is not a pinned release"),
+        ((RELEASE, "latest"), "'latest' is not a version number"),
         ((RELEASE, RELEASE), "FROM and TO are the same release"),
         ((RELEASE,), "rebase needs FROM and TO"),
         (("--continue",), "no rebase in progress"),

@@ -275,16 +275,28 @@ def test_not_a_version_is_refused_before_any_download(project, capsys):
     assert err == "vllm-overlay: error: 'latest' is not a version number\n"
 
 
-def test_nearest_series_is_the_greatest_pinned_release_not_after():
-    pins = {
+def pins_of(*versions: str) -> dict[str, ReleasePin]:
+    return {
         v: ReleasePin(v, 1, Artifact(f"vllm-{v}.tar.gz", "0" * 64), ())
-        for v in ("0.31.0", "0.32.0", "0.33.0")
+        for v in versions
     }
+
+
+def test_nearest_series_is_the_nearest_pinned_release_in_release_order():
+    pins = pins_of("0.22.1", "0.31.0", "0.32.0", "0.33.0")
     assert nearest(pins, "0.32.0").version == "0.32.0"
     assert nearest(pins, "0.32.5").version == "0.32.0"
     assert nearest(pins, "0.40.0").version == "0.33.0"
-    assert nearest(pins, "0.33.0rc1").version == "0.32.0"
-    assert nearest(pins, "0.10.0").version == "0.31.0"
+    assert nearest(pins, "0.10.0").version == "0.22.1"
+    # One minor release from 0.31.0, eight from 0.22.1.
+    assert nearest(pins, "0.30.0").version == "0.31.0"
+    assert nearest(pins, "0.23.0").version == "0.22.1"
+    assert nearest(pins, "0.26.0").version == "0.22.1"
+    # Of two equally near, the older.
+    assert nearest(pins_of("0.24.0", "0.28.0"), "0.26.0").version == "0.24.0"
+    # A release candidate is its release's.
+    assert nearest(pins, "0.33.0rc1").version == "0.33.0"
+    assert nearest(pins, "0.33").version == "0.33.0"
 
 
 def test_probe_fails_on_the_unpatched_release(project, tmp_path, capsys):

@@ -7,6 +7,7 @@ those need the probe files that only a checkout has, and every series was
 linted before it was committed.
 """
 
+import itertools
 from pathlib import Path
 
 from packaging.version import Version
@@ -54,12 +55,22 @@ def pinned_releases(root: Path | None = None) -> dict[str, ReleasePin]:
 
 
 def nearest_release(pins: dict[str, ReleasePin], version: str) -> ReleasePin:
-    """The pinned release whose series best fits `version`: the greatest one
-    not after it (upstream changes accumulate, so the newest older series is
-    closest), else the oldest pinned one."""
-    ordered = sorted(pins, key=Version)
-    older = [v for v in ordered if Version(v) <= Version(version)]
-    return pins[older[-1] if older else ordered[0]]
+    """The pinned release whose series best fits `version`: the nearest in
+    release order (fewest major, then minor, then micro releases apart, a
+    pre-release counting as its release: 0.30.0 is one minor release from
+    0.31.0 and eight from 0.22.1), the older one of two equally near (a
+    series meets upstream's changes in the order they were made)."""
+    wanted = Version(version).release
+
+    def distance(pinned: str) -> tuple[tuple[int, ...], bool]:
+        have = Version(pinned).release
+        steps = tuple(
+            abs(a - b)
+            for a, b in itertools.zip_longest(have[:3], wanted[:3], fillvalue=0)
+        )
+        return steps, Version(pinned) > Version(version)
+
+    return pins[min(pins, key=distance)]
 
 
 def nearest_series(

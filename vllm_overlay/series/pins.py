@@ -172,13 +172,23 @@ def normalise_version(version: str) -> str:
     return version
 
 
+def find_pin(pins: dict[str, ReleasePin], version: str) -> ReleasePin | None:
+    """The pin of `version` compared as a version number, so `0.33` and
+    `v0.33.0` find `0.33.0` in every command alike; None if not pinned."""
+    wanted = Version(normalise_version(version))
+    return next((pin for v, pin in pins.items() if Version(v) == wanted), None)
+
+
 def resolve_release(pins: dict[str, ReleasePin], version: str | None) -> ReleasePin:
-    """The pinned release `version`, or the newest pinned one when None."""
+    """The pinned release `version` (as `find_pin` compares it), or the
+    newest pinned one when None."""
     if version is None:
         return pins[max(pins, key=Version)]
-    if version.startswith("v"):
-        version = version[1:]
-    if version not in pins:
+    pin = find_pin(pins, version)
+    if pin is None:
         known = ", ".join(sorted(pins, key=Version))
-        raise OverlayError(f"vLLM {version} is not a pinned release (pinned: {known})")
-    return pins[version]
+        raise OverlayError(
+            f"vLLM {normalise_version(version)} is not a pinned release "
+            f"(pinned: {known})"
+        )
+    return pin

@@ -61,7 +61,7 @@ from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.loader import load_series, nearest_series, pinned_releases
 from vllm_overlay.series.model import PACKAGE_DIR, Patch, Series, has_series
-from vllm_overlay.series.pins import ReleasePin, normalise_version
+from vllm_overlay.series.pins import ReleasePin, find_pin, normalise_version
 from vllm_overlay.track.probing import probe_verdicts
 from vllm_overlay.track.rebase import backport_drop
 from vllm_overlay.track.table import TABLE_FILE, render_table
@@ -105,13 +105,18 @@ def status(
     wanted = [normalise_version(v) for v in versions] or sorted(pins, key=Version)
     rows: list[PatchStatus] = []
     for asked in wanted:
-        pin = _pinned(pins, asked)
+        pin = find_pin(pins, asked)
         version = pin.version if pin else asked
         nearest = nearest_series(root, pins, version)
         if nearest is None:
             raise OverlayError("no pinned release has a series yet: nothing to check")
         series = load_series(root, nearest)
-        checking = f"checking vLLM {version} against the {nearest.version} series"
+        checking = (
+            f"checking vLLM {version} against the {nearest.version} series"
+            if nearest.version == version
+            else f"vLLM {version} has no series; checking it against the "
+            f"{nearest.version} series, the nearest by release order"
+        )
         if pin is not None and nearest.version != version:
             checking = (
                 f"vLLM {version} is pinned but has no series yet (run `vllm-overlay "
@@ -151,18 +156,12 @@ def refuse_unrecordable(versions: list[str], root: Path | None = None) -> None:
     root = root or patches_root()
     pins = pinned_releases(root)
     for asked in map(normalise_version, versions):
-        pin = _pinned(pins, asked)
+        pin = find_pin(pins, asked)
         if pin is None or not has_series(root, pin.version):
             raise OverlayError(
                 f"vLLM {pin.version if pin else asked} has no series of its own; "
                 "--record keeps the verdicts of a pinned release's own series only"
             )
-
-
-def _pinned(pins: dict[str, ReleasePin], version: str) -> ReleasePin | None:
-    """The pin of `version` compared as a version, so `0.33` finds `0.33.0`
-    instead of downloading the same release unverified."""
-    return next((p for v, p in pins.items() if Version(v) == Version(version)), None)
 
 
 def _release_wheel(pin: ReleasePin | None, version: str, cache: Path) -> Path:
