@@ -9,8 +9,15 @@ from pathlib import Path
 import pytest
 from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, run_cli, run_git
 
-from vllm_overlay.track.history import HISTORY_FILE, DroppedPatch, append_history
+from vllm_overlay.series.model import parse_patch
+from vllm_overlay.track.history import (
+    HISTORY_FILE,
+    DroppedPatch,
+    append_history,
+    read_history,
+)
 from vllm_overlay.track.lint import KEPT_FILE, lint
+from vllm_overlay.track.verdicts import read_verdicts, record_verdicts
 
 DEMO_TEST = "tests/probes/test_demo.py"
 ENTRY = DroppedPatch(
@@ -211,3 +218,19 @@ def test_sources_of_another_sdist_are_not_used(project, capsys):
     code, _, err = run_cli(capsys, "lint")
     assert code == 0
     assert f"skipped zero-fuzz application to vLLM {RELEASE}" in err
+
+
+# Characters JSON-style escaping writes as TOML cannot read: outside the
+# Basic Multilingual Plane (a surrogate pair escape) and DEL (left raw).
+AWKWARD = 'reason \U0001f600 and \x7f, "quoted" \\ back'
+
+
+def test_recorded_files_hold_any_text(project):
+    """history.toml and verdicts.toml are written with tomli_w, so a text
+    outside the Basic Multilingual Plane or with DEL reads back unchanged."""
+    append_history(project.patches, [replace(ENTRY, reason=AWKWARD)])
+    assert read_history(project.patches)[-1].reason == AWKWARD
+    patch = parse_patch(project.series_dir / "scheduler-demo.patch")
+    record_verdicts(project.patches, [(RELEASE, patch, AWKWARD, None)], "today")
+    assert read_verdicts(project.patches)[RELEASE, patch.name].verdict == AWKWARD
+    assert lint(project.patches) == []

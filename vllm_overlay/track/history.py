@@ -7,11 +7,12 @@ patch and never rewrites an entry, and `lint` checks every entry and that the
 entries committed in git are still there, unchanged and first.
 """
 
-import json
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
+
+import tomli_w
 
 from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError
@@ -119,8 +120,7 @@ def append_history(root: Path, dropped: Iterable[DroppedPatch]) -> None:
     read_history(root)
     text = path.read_text(encoding="utf-8") if path.is_file() else _HEADER
     for entry in dropped:
-        text += "\n[[dropped]]\n" + "".join(
-            f"{key} = {json.dumps(getattr(entry, key), ensure_ascii=False)}\n"
-            for key in _KEYS
+        text += "\n[[dropped]]\n" + tomli_w.dumps(
+            {key: getattr(entry, key) for key in _KEYS}
         )
     atomic.write_text(path, text)

@@ -7,11 +7,12 @@ of the patch that was checked: each entry keeps that patch's sha256, so a
 patch edited since shows as "stale" instead of borrowing an old verdict.
 """
 
-import json
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+import tomli_w
 
 from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError
@@ -82,14 +83,14 @@ def record_verdicts(
         recorded[release, patch.name] = RecordedVerdict(
             verdict, probe, patch.sha256, checked
         )
-    text = _HEADER
+    tables: dict[str, dict[str, dict[str, str]]] = {}
     for (release, name), entry in sorted(recorded.items()):
-        text += f"\n[verdicts.{json.dumps(release)}.{json.dumps(name)}]\n"
-        text += f"verdict = {json.dumps(entry.verdict)}\n"
+        table = {"verdict": entry.verdict}
         if entry.probe is not None:
-            text += f"probe = {json.dumps(entry.probe)}\n"
-        text += f"patch_sha256 = {json.dumps(entry.patch_sha256)}\n"
-        text += f"checked = {json.dumps(entry.checked)}\n"
+            table["probe"] = entry.probe
+        table |= {"patch_sha256": entry.patch_sha256, "checked": entry.checked}
+        tables.setdefault(release, {})[name] = table
+    text = f"{_HEADER}\n{tomli_w.dumps({'verdicts': tables})}" if tables else _HEADER
     atomic.write_text(root / VERDICTS_FILE, text)
 
 
