@@ -25,12 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vllm_overlay.build.applier import apply_series
-from vllm_overlay.build.fetch import fetch_wheel, sha256_of
-from vllm_overlay.build.wheel import (
-    SourceWheel,
-    build_patched_wheel,
-    manifest_bytes,
-)
+from vllm_overlay.build.fetch import SourceWheel, fetch_wheel, sha256_of
+from vllm_overlay.build.wheel import build_patched_wheel, manifest_bytes
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.model import Series
@@ -109,9 +105,8 @@ def main() -> None:
     args = parser.parse_args()
 
     series = release_series(args.release)
-    pin = series.release.wheel_for(args.dist)
-    path = fetch_wheel(series.release, pin, cache_root())
-    source = SourceWheel(path, pin.sha256, args.dist)
+    source = fetch_wheel(series.release, args.dist, cache_root())
+    path = source.path
     size = path.stat().st_size
     print(
         f"input: {path.name} ({size / 2**20:.0f} MiB), series {series.series_id} "

@@ -153,7 +153,7 @@ def ensure_env(release: str, cache: Path) -> Path:
     if not (venv / "bin" / "vllm").exists():
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        wheel = fetch_wheel(pin, pin.wheel_for("vllm"), cache)
+        wheel = fetch_wheel(pin, "vllm", cache).path
         _pip(venv, "install", str(wheel), "lmcache==0.5.6")
         nixl = str(NIXL_REQUIREMENTS)
         _pip(venv, "install", "--no-deps", "--require-hashes", "-r", nixl)
@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         runs, loads, singles = [], [], {}
         with tempfile.TemporaryDirectory(prefix="vllm-overlay-gpu-") as tmp:
             wheels = {
-                UNPATCHED: fetch_wheel(pin, pin.wheel_for("vllm"), cache),
+                UNPATCHED: fetch_wheel(pin, "vllm", cache).path,
                 PATCHED: build_release(release, "vllm", Path(tmp)),
             }
             mp: dict[str, Single | str] = {}

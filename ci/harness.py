@@ -219,8 +219,7 @@ def our_deselection_args(release: str, path: Path = OURS_DESELECTED) -> list[str
 def refresh_round_trip(series: Series, sdist: Path, cache: Path) -> bool:
     """`vllm-overlay refresh --check` on the inputs the run already fetched:
     True when the series is exactly what a refresh of itself writes."""
-    wheel = series.release.wheel_for(test_dist(series))
-    source = fetch_wheel(series.release, wheel, cache)
+    source = fetch_wheel(series.release, test_dist(series), cache).path
     try:
         differ = check_round_trip(series, source, sdist, patches_root())
     except OverlayError as exc:

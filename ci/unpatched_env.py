@@ -88,13 +88,13 @@ def _ensure(release: str, cache: Path, name: str, alias: bool) -> Path:
             f"{release} first"
         )
     pin = pinned_releases()[release]
-    wheel_pin = pin.wheel_for(DIST)
-    wheel = fetch_wheel(pin, wheel_pin, cache)
+    source = fetch_wheel(pin, DIST, cache)
+    wheel = source.path
     venv = cache / "serve-e2e" / "envs" / name
     want = {
         "recipe": RECIPE_VERSION,
         "base": json.loads(base_stamp.read_text())["layer"],
-        "wheel": wheel_pin.sha256,
+        "wheel": source.sha256,
         "alias": alias,
     }
     with exclusive(cache / "serve-e2e" / "envs"):

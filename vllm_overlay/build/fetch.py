@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locking import exclusive
-from vllm_overlay.series.pins import ReleasePin, WheelPin
+from vllm_overlay.series.pins import ReleasePin
 
 _CHUNK = 1 << 20
 _SDIST_MARKER = ".vllm-overlay-sdist-sha256"
@@ -52,13 +52,24 @@ def wheel_members(wheel: Path, names: Iterable[str]) -> dict[str, bytes]:
         raise OverlayError(f"{wheel}: not a readable wheel ({exc})") from None
 
 
-def fetch_wheel(release: ReleasePin, wheel: WheelPin, cache: Path) -> Path:
-    """The pinned wheel, from the cache or downloaded into it; always verified."""
+@dataclass(frozen=True)
+class SourceWheel:
+    """A verified upstream wheel: its path, sha256 and distribution name."""
+
+    path: Path
+    sha256: str
+    dist: str
+
+
+def fetch_wheel(release: ReleasePin, dist: str, cache: Path) -> SourceWheel:
+    """The release's pinned `dist` wheel that installs here, from the cache
+    or downloaded into it; always verified."""
+    wheel = release.wheel_for(dist)
     target = cache / "wheels" / wheel.filename
     with exclusive(cache / "wheels"):
         if target.exists():
             if sha256_of(target) == wheel.sha256:
-                return target
+                return SourceWheel(target, wheel.sha256, dist)
             print(
                 f"vllm-overlay: cached {target} does not match its pinned sha256; "
                 "downloading it again",
@@ -83,7 +94,7 @@ def fetch_wheel(release: ReleasePin, wheel: WheelPin, cache: Path) -> Path:
                 )
             _check_hash(got, wheel.sha256, wheel.filename)
             os.replace(got, target)
-    return target
+    return SourceWheel(target, wheel.sha256, dist)
 
 
 def cached_sdist_tree(release: ReleasePin, cache: Path) -> Path | None:

@@ -25,7 +25,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from vllm_overlay import atomic
 from vllm_overlay.build.applier import apply_series
-from vllm_overlay.build.fetch import fetch_wheel
+from vllm_overlay.build.fetch import SourceWheel, fetch_wheel
 from vllm_overlay.build.raw_zip import copy_raw
 from vllm_overlay.build.record import parse_record, record_hash, record_text
 from vllm_overlay.errors import OverlayError
@@ -36,15 +36,6 @@ from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 from vllm_overlay.series.model import PACKAGE_DIR, Series
 
 DIST_NAME = "vllm"
-
-
-@dataclass(frozen=True)
-class SourceWheel:
-    """A verified upstream wheel: its path, sha256 and distribution name."""
-
-    path: Path
-    sha256: str
-    dist: str
 
 
 def patched_wheel_name(source_filename: str, version: str) -> str:
@@ -304,6 +295,5 @@ def build_release(
     costs no bandwidth.
     """
     series = release_series(version, root)
-    wheel = series.release.wheel_for(dist)
-    path = fetch_wheel(series.release, wheel, cache or cache_root())
-    return build_patched_wheel(SourceWheel(path, wheel.sha256, dist), series, out_dir)
+    source = fetch_wheel(series.release, dist, cache or cache_root())
+    return build_patched_wheel(source, series, out_dir)

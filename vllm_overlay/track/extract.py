@@ -122,7 +122,7 @@ def extract(
     python = _release_python(series, patch, cache)
     _check_ruff()
     sdist = fetch_sdist_tree(series.release, cache)
-    wheel = fetch_wheel(series.release, series.release.wheel_for("vllm"), cache)
+    wheel = fetch_wheel(series.release, "vllm", cache).path
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-extract-") as scratch:
         tree = Path(scratch) / "tree"
         index = series.patches.index(patch)

@@ -266,7 +266,7 @@ def _release_files(
 ) -> dict[str, bytes]:
     """The files `series` touches as `release` ships them: `vllm/` from the
     pinned wheel, `tests/` from the pinned sdist (only when needed)."""
-    wheel = fetch_wheel(release, release.wheel_for("vllm"), cache)
+    wheel = fetch_wheel(release, "vllm", cache).path
     sdist = fetch_sdist_tree(release, cache) if series.upstream_test_files else None
     return pristine_files(series, wheel, sdist)
 

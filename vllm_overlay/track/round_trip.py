@@ -36,7 +36,7 @@ def refresh_check(
     root = root or patches_root()
     cache = cache or cache_root()
     series = release_series(version, root)
-    wheel = fetch_wheel(series.release, series.release.wheel_for("vllm"), cache)
+    wheel = fetch_wheel(series.release, "vllm", cache).path
     sdist = (
         fetch_sdist_tree(series.release, cache) if series.upstream_test_files else None
     )

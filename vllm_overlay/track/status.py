@@ -143,7 +143,7 @@ def _own_files(series: Series, cache: Path) -> Callable[[], dict[str, bytes]]:
     @functools.cache
     def read() -> dict[str, bytes]:
         release = series.release
-        wheel = fetch_wheel(release, release.wheel_for("vllm"), cache)
+        wheel = fetch_wheel(release, "vllm", cache).path
         return wheel_members(wheel, series.touched_files)
 
     return read
@@ -169,7 +169,7 @@ def _release_wheel(pin: ReleasePin | None, version: str, cache: Path) -> Path:
     release is pinned, else whatever the index serves (nothing to verify)."""
     if pin is None:
         return download_unpinned(version, cache)
-    return fetch_wheel(pin, pin.wheel_for("vllm"), cache)
+    return fetch_wheel(pin, "vllm", cache).path
 
 
 def download_unpinned(version: str, cache: Path) -> Path:
