@@ -21,7 +21,6 @@ from vllm_overlay.errors import OverlayError
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.pins import ReleasePin
 
-_CHUNK = 1 << 20
 _SDIST_MARKER = ".vllm-overlay-sdist-sha256"
 _UNREACHABLE = (
     "NewConnectionError",
@@ -34,11 +33,8 @@ _NOT_FOUND = ("No matching distribution found", "Could not find a version")
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def wheel_members(wheel: Path, names: Iterable[str]) -> dict[str, bytes]:
