@@ -17,6 +17,7 @@ STAGES = {
     "locking": 0,
     "atomic": 0,
     "git": 0,
+    "trees": 0,
     "series": 1,
     "build": 2,
     "runtime": 3,

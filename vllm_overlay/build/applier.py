@@ -18,6 +18,7 @@ from pathlib import Path
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.git import git_run
 from vllm_overlay.series.model import PACKAGE_DIR, TESTS_DIR, Patch, Series
+from vllm_overlay.trees import write_tree
 
 _CHECKING = re.compile(r"^Checking patch (\S+)\.\.\.$")
 _OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \((offset|fuzz) .*\)\.$")
@@ -39,10 +40,7 @@ def apply_series(
         raise ValueError(f"tree must be {PACKAGE_DIR!r} or {TESTS_DIR!r}, not {tree!r}")
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-apply-") as scratch:
         root = Path(scratch)
-        for name, content in originals.items():
-            target = root / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content)
+        write_tree(root, originals)
         for patch in series.patches:
             if any(f.startswith(tree) for f in patch.files):
                 _apply_exactly(patch, root, series.release.version, tree)

@@ -25,6 +25,7 @@ from vllm_overlay.errors import OverlayError
 from vllm_overlay.locking import exclusive
 from vllm_overlay.runtime.source_overlay import module_name
 from vllm_overlay.series.model import Series
+from vllm_overlay.trees import write_tree
 
 INDEX = "sources.json"
 
@@ -89,12 +90,11 @@ def _build(directory: Path, series: Series, originals: Mapping[str, bytes]) -> N
     }
     with tempfile.TemporaryDirectory(dir=directory.parent, prefix=".build-") as tmp:
         staging = Path(tmp) / "sources"
-        index = {}
-        for relative, content in files.items():
-            target = staging / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content)
-            index[relative] = hashlib.sha256(content).hexdigest()
+        write_tree(staging, files)
+        index = {
+            relative: hashlib.sha256(content).hexdigest()
+            for relative, content in files.items()
+        }
         (staging / INDEX).write_text(json.dumps(index, indent=2, sort_keys=True))
         # A damaged copy there is replaced whole.
         atomic.replace_dir(staging, directory)

@@ -58,6 +58,7 @@ from vllm_overlay.track.scratch_tree import (
     materialize,
     pristine_files,
 )
+from vllm_overlay.trees import write_tree
 
 STATE_DIR = Path(".vllm-overlay") / "rebase"
 TARGET_TAG = "upstream-to"
@@ -286,9 +287,7 @@ def _build_repo(
     for name in from_files:
         if name not in to_files:
             (repo / name).unlink()
-    for name, content in to_files.items():
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        (repo / name).write_bytes(content)
+    write_tree(repo, to_files)
     git(repo, "add", "-A")
     git(
         repo,

@@ -15,6 +15,7 @@ from vllm_overlay.build.fetch import wheel_members
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.git import git, git_cause, git_run
 from vllm_overlay.series.model import Series
+from vllm_overlay.trees import write_tree
 
 UPSTREAM_TAG = "upstream"
 _IDENTITY = "vllm-overlay"
@@ -39,9 +40,7 @@ def materialize(series: Series, originals: Mapping[str, bytes], dest: Path) -> P
     a fixed committer and the patch's own date, so the tree is reproducible)."""
     dest.mkdir(parents=True)
     git(dest, "init", "-q")
-    for name, content in originals.items():
-        (dest / name).parent.mkdir(parents=True, exist_ok=True)
-        (dest / name).write_bytes(content)
+    write_tree(dest, originals)
     identity = commit_identity()
     dated = {**identity, "GIT_AUTHOR_DATE": _UPSTREAM_DATE}
     git(dest, "add", "-A")

@@ -66,6 +66,7 @@ from vllm_overlay.track.probing import probe_verdicts
 from vllm_overlay.track.rebase import backport_drop
 from vllm_overlay.track.table import TABLE_FILE, render_table
 from vllm_overlay.track.verdicts import record_verdicts
+from vllm_overlay.trees import write_tree
 
 EXACT = "applies exactly"
 OFFSET = "applies only with offset"
@@ -245,10 +246,7 @@ def _write(files: Mapping[str, bytes], root: Path) -> None:
     """Write `files` under `root`; a file upstream lacks is left out, as the
     patch that creates it expects."""
     root.mkdir(parents=True)
-    for name, content in files.items():
-        target = root / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
+    write_tree(root, files)
 
 
 def judge(patch: Patch, root: Path, version: str) -> tuple[str, str]:
