@@ -150,6 +150,11 @@ def _report_rebase(outcome: RebaseOutcome) -> None:
         print(f"kept     {name}")
     for dropped in outcome.dropped:
         print(f"dropped  {dropped.patch}: {dropped.reason}")
+    for ref in outcome.references:
+        if ref.moved_to:
+            print(f"moved    {ref.patch}: {ref.cited} -> {ref.moved_to}")
+        else:
+            print(f"stale    {ref.patch}: {ref.cited}: {ref.stale}; fix it by hand")
     if outcome.stopped_at is not None:
         print(f"stopped  {outcome.stopped_at}: merge conflict")
         print(format_conflicts(outcome), end="", file=sys.stderr)

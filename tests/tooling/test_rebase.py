@@ -97,6 +97,35 @@ def test_releases_are_named_as_status_names_them(checkout, capsys):
     assert [p.name for p in release_series(TO).patches] == [PATCH]
 
 
+def test_the_messages_line_references_follow_the_code(checkout, capsys):
+    """A kept patch's `path:line` references to vLLM's package move to where
+    the cited lines are in TO; lines TO no longer has are reported stale and
+    left; a reference on a line naming a release, or to a file outside
+    vLLM's package, is left alone."""
+    patch = checkout.series_dir / PATCH
+    patch.write_text(
+        patch.read_text().replace(
+            "\nWhy.\n",
+            "\nWhy: `sched/scheduler.py:17-19` holds it, and `scheduler.py:30`;\n"
+            "`scheduler.py:22` as 9.9.0 has it; `lmcache/x.py:3` is LMCache's.\n",
+        )
+    )
+    assert run_cli(capsys, "pin", "--bump", RELEASE)[0] == 0
+    pin_target(checkout, drifted().replace("line 30\n", "line thirty\n"))
+    committed(checkout)
+    code, out, _ = rebase(capsys, RELEASE, TO)
+    assert code == 0, out
+    assert (
+        f"moved    {PATCH}: sched/scheduler.py:17-19 -> sched/scheduler.py:22-24\n"
+        f"stale    {PATCH}: scheduler.py:30: the cited lines are no longer there; "
+        "fix it by hand\n"
+    ) in out
+    text = (target_dir(checkout) / PATCH).read_text()
+    assert "Why: `sched/scheduler.py:22-24` holds it, and `scheduler.py:30`;\n" in text
+    assert "`scheduler.py:22` as 9.9.0 has it; `lmcache/x.py:3` is LMCache's.\n" in text
+    assert lint(checkout.patches) == []
+
+
 def test_the_new_series_is_recorded_for_its_revision(checkout, capsys):
     pin_target(checkout, drifted())
     committed(checkout)

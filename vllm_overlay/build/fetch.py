@@ -48,6 +48,15 @@ def wheel_members(wheel: Path, names: Iterable[str]) -> dict[str, bytes]:
         raise OverlayError(f"{wheel}: not a readable wheel ({exc})") from None
 
 
+def wheel_names(wheel: Path) -> list[str]:
+    """The names of every member of the wheel, as `wheel_members` reads it."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            return archive.namelist()
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise OverlayError(f"{wheel}: not a readable wheel ({exc})") from None
+
+
 @dataclass(frozen=True)
 class SourceWheel:
     """A verified upstream wheel: its path, sha256 and distribution name."""

@@ -51,6 +51,7 @@ from vllm_overlay.series.pins import ReleasePin, resolve_release
 from vllm_overlay.track.history import DroppedPatch, append_history
 from vllm_overlay.track.pin import record_series
 from vllm_overlay.track.probing import RebasedProbes, probe_rebased
+from vllm_overlay.track.references import Reference, retarget_series
 from vllm_overlay.track.refresh import export_series, write_exported
 from vllm_overlay.track.scratch_tree import (
     UPSTREAM_TAG,
@@ -89,6 +90,9 @@ class RebaseState:
     kept: list[str] = field(default_factory=list)
     dropped: list[dict[str, str]] = field(default_factory=list)
     current: str | None = None
+    # The pinned wheels read at the start, for the messages' references.
+    from_wheel: str = ""
+    to_wheel: str = ""
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,8 @@ class RebaseOutcome:
     stopped_at: str | None = None
     conflicts: tuple[FileConflict, ...] = ()
     repo: Path | None = None
+    # The messages' `path:line` references that moved, or could not.
+    references: tuple[Reference, ...] = ()
 
 
 def state_dir(root: Path) -> Path:
@@ -164,15 +170,22 @@ def start_rebase(
             "rebase is a backport"
         )
     try:
-        from_files = _release_files(series, source, cache)
-        to_files = _release_files(series, target, cache)
+        from_wheel = fetch_wheel(source, "vllm", cache).path
+        to_wheel = fetch_wheel(target, "vllm", cache).path
+        from_files = _release_files(series, source, from_wheel, cache)
+        to_files = _release_files(series, target, to_wheel, cache)
         state_path.mkdir(parents=True)
         commits = _build_repo(series, from_files, to_files, target.version, repo)
     except BaseException:
         shutil.rmtree(state_path, ignore_errors=True)
         raise
     state = RebaseState(
-        source.version, target.version, commits, [p.name for p in series.patches]
+        source.version,
+        target.version,
+        commits,
+        [p.name for p in series.patches],
+        from_wheel=str(from_wheel),
+        to_wheel=str(to_wheel),
     )
     _save(state, root)
     return _replay(state, root)
@@ -263,11 +276,10 @@ def _check_work_tree(root: Path) -> None:
 
 
 def _release_files(
-    series: Series, release: ReleasePin, cache: Path
+    series: Series, release: ReleasePin, wheel: Path, cache: Path
 ) -> dict[str, bytes]:
-    """The files `series` touches as `release` ships them: `vllm/` from the
-    pinned wheel, `tests/` from the pinned sdist (only when needed)."""
-    wheel = fetch_wheel(release, "vllm", cache).path
+    """The files `series` touches as `release` ships them: `vllm/` from its
+    pinned `wheel`, `tests/` from the pinned sdist (only when needed)."""
     sdist = fetch_sdist_tree(release, cache) if series.upstream_test_files else None
     return pristine_files(series, wheel, sdist)
 
@@ -518,9 +530,12 @@ def _finish(state: RebaseState, root: Path) -> RebaseOutcome:
         names_from=series_dir(root, state.from_release),
         allow_empty=True,
     )
+    exported, references = retarget_series(
+        exported, Path(state.from_wheel), Path(state.to_wheel)
+    )
     directory, _ = write_exported(exported, state.to_release, root)
     record_series(state.to_release, root)
-    outcome = _outcome(state, root, directory=directory)
+    outcome = _outcome(state, root, directory=directory, references=tuple(references))
     append_history(root, outcome.dropped)
     shutil.rmtree(state_dir(root))
     return outcome
