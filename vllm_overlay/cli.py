@@ -10,6 +10,7 @@ from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import patches_root
 from vllm_overlay.series.pins import DISTRIBUTIONS
 from vllm_overlay.track.extract import extract
+from vllm_overlay.track.git_source import open_git_source
 from vllm_overlay.track.lint import lint
 from vllm_overlay.track.pin import bump_release, pin_release
 from vllm_overlay.track.probing import format_rebased
@@ -30,6 +31,7 @@ from vllm_overlay.track.status import (
     record_status,
     refuse_unrecordable,
     status,
+    status_at,
 )
 from vllm_overlay.track.table import TABLE_FILE, render_table
 
@@ -91,9 +93,22 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    if args.record:
-        refuse_unrecordable(args.releases)
-    rows = status(args.releases, probe=args.probe)
+    if args.source is not None:
+        given = {
+            "RELEASE": args.releases,
+            "--probe": args.probe,
+            "--record": args.record,
+        }
+        refused = [flag for flag, value in given.items() if value]
+        if refused:
+            raise OverlayError(
+                f"--source takes no {refused[0]}: it checks one git commit"
+            )
+        rows = status_at(open_git_source(args.source))
+    else:
+        if args.record:
+            refuse_unrecordable(args.releases)
+        rows = status(args.releases, probe=args.probe)
     formatted = format_json if args.json else format_table
     print(formatted(rows, probe=args.probe), end="")
     if args.record:
@@ -269,6 +284,11 @@ def _parser() -> argparse.ArgumentParser:
         nargs="*",
         metavar="RELEASE",
         help="vLLM releases, pinned or not (default: every pinned release)",
+    )
+    upstream.add_argument(
+        "--source",
+        metavar="PATH[@REF]",
+        help="check a vLLM git clone at REF (default HEAD) instead of releases",
     )
     upstream.add_argument("--json", action="store_true", help="print JSON rows")
     upstream.add_argument(

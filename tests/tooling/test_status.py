@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 from conftest import (
     PATCHED,
+    RELEASE,
     SCHEDULER,
     SCHEDULER_SOURCE,
     fake_release_env,
     format_patch,
     make_wheel,
     run_cli,
+    run_git,
     scheduler_edit,
 )
 
@@ -441,3 +443,103 @@ def test_recorded_verdicts_with_a_wrong_shape_fail_lint(project):
     )
     (problem,) = lint(project.patches)
     assert "needs the strings verdict, patch_sha256 and checked" in problem
+
+
+@pytest.fixture
+def vllm_clone(tmp_path: Path) -> Path:
+    """A vLLM-like git history built from the fixture's own release: 9.9.0's
+    scheduler tagged `v9.9.0`, then upstream edits on `main`, one commit
+    each: code moved down (`moved`), the patch's line changed (`conflict`),
+    the patch's change itself (`absorbed`)."""
+    repo = tmp_path / "vllm"
+    (repo / SCHEDULER).parent.mkdir(parents=True)
+    run_git(repo, "init", "-q", "-b", "main")
+    steps = [
+        ("release", SCHEDULER_SOURCE, "v9.9.0"),
+        ("moved", "moved in\n" * 3 + SCHEDULER_SOURCE, ""),
+        ("conflict", "moved in\n" * 3 + scheduler_edit(18, "rewritten"), ""),
+        ("absorbed", scheduler_edit(20, "line twenty, patched"), ""),
+    ]
+    for message, text, tag in steps:
+        (repo / SCHEDULER).write_text(text)
+        run_git(repo, "add", "-A")
+        run_git(repo, "commit", "-qm", message, "--date", "2026-11-20T12:00:00")
+        run_git(repo, "tag", message)
+        if tag:
+            run_git(repo, "tag", tag)
+    return repo
+
+
+def at(capsys, source: str) -> tuple[list[dict], str]:
+    code, out, err = run_cli(capsys, "status", "--json", "--source", source)
+    assert code == 0, err
+    return json.loads(out), err
+
+
+@pytest.mark.parametrize(
+    ("ref", "verdict", "detail"),
+    [
+        ("release", "applies exactly", ""),
+        (
+            "moved",
+            "applies only with offset",
+            f"{SCHEDULER} hunk #1 at line 20 (offset)",
+        ),
+        ("conflict", "conflicts", f"{SCHEDULER} hunk #1 (at line 17) does not match"),
+        ("absorbed", "already present", "reverse-applies"),
+    ],
+)
+def test_a_git_commit_gets_the_verdicts_a_release_would(
+    project, vllm_clone, capsys, ref, verdict, detail
+):
+    (row,), err = at(capsys, f"{vllm_clone}@{ref}")
+    commit = run_git(vllm_clone, "rev-parse", ref).strip()
+    assert row == {
+        "release": f"{ref}@{commit[:12]}",
+        "pinned": False,
+        "series": RELEASE,
+        "patch": "scheduler-demo.patch",
+        "verdict": verdict,
+        "detail": detail,
+        "commit": commit,
+        "commit_date": run_git(vllm_clone, "log", "-1", "--format=%cs", ref).strip(),
+    }
+    assert (
+        f"checking {vllm_clone} at {ref}@{commit[:12]} "
+        f"({row['commit_date']}), which contains v{RELEASE}, against the "
+        f"{RELEASE} series"
+    ) in err
+
+
+def test_a_git_clone_without_a_ref_is_read_at_its_head(project, vllm_clone, capsys):
+    (row,), _ = at(capsys, str(vllm_clone))
+    assert row["release"].startswith("HEAD@")
+    assert row["verdict"] == "already present"
+
+
+def test_a_commit_without_a_release_tag_takes_the_newest_series(
+    project, vllm_clone, capsys
+):
+    run_git(vllm_clone, "tag", "-d", f"v{RELEASE}")
+    (row,), err = at(capsys, f"{vllm_clone}@release")
+    assert row["series"] == RELEASE
+    assert "which contains no release tag (a shallow clone?)" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--source", "{clone}@nothing"], "'nothing' names no commit in {clone}"),
+        (["--source", "{outside}"], "{outside} is not a git clone"),
+        (["--source", "{clone}/missing@main"], "{clone}/missing is not a directory"),
+        (["--source", "{clone}", "9.9.0"], "--source takes no RELEASE"),
+        (["--source", "{clone}", "--record"], "--source takes no --record"),
+        (["--source", "{clone}", "--probe"], "--source takes no --probe"),
+    ],
+)
+def test_bad_sources_are_refused(project, vllm_clone, tmp_path, capsys, argv, message):
+    names = {"clone": str(vllm_clone), "outside": str(tmp_path / "outside")}
+    (tmp_path / "outside").mkdir()
+    code, out, err = run_cli(capsys, "status", *(a.format(**names) for a in argv))
+    assert (code, out) == (1, "")
+    assert message.format(**names) in err

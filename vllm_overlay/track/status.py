@@ -62,6 +62,7 @@ from vllm_overlay.locking import exclusive
 from vllm_overlay.series.loader import load_series, nearest_series, pinned_releases
 from vllm_overlay.series.model import PACKAGE_DIR, Patch, Series, has_series
 from vllm_overlay.series.pins import ReleasePin, find_pin, normalise_version
+from vllm_overlay.track.git_source import GitSource
 from vllm_overlay.track.probing import probe_verdicts
 from vllm_overlay.track.rebase import backport_drop
 from vllm_overlay.track.table import TABLE_FILE, render_table
@@ -89,6 +90,9 @@ class PatchStatus:
     verdict: str
     detail: str
     probe: str | None = None
+    # For a git commit (`status --source`): the commit and its date.
+    commit: str | None = None
+    commit_date: str | None = None
 
 
 def status(
@@ -127,13 +131,56 @@ def status(
         print(f"vllm-overlay: {checking}", file=sys.stderr)
         wheel = _release_wheel(pin, version, cache)
         checked = check_release(
-            series, version, pin is not None, wheel, _own_files(series, cache)
+            series,
+            version,
+            pin is not None,
+            wheel_members(wheel, series.touched_files),
+            _own_files(series, cache),
         )
         if probe:
             verdicts = probe_verdicts(series, version, root.parent, cache)
             checked = [replace(row, probe=verdicts[row.patch]) for row in checked]
         rows.extend(checked)
     return rows
+
+
+def status_at(
+    source: GitSource, root: Path | None = None, cache: Path | None = None
+) -> list[PatchStatus]:
+    """The verdict of every patch of the nearest series against a vLLM git
+    commit (`git_source`): the series of the newest release the commit
+    contains, else the newest series."""
+    root = root or patches_root()
+    pins = pinned_releases(root)
+    with_series = {v: pin for v, pin in pins.items() if has_series(root, v)}
+    if not with_series:
+        raise OverlayError("no pinned release has a series yet: nothing to check")
+    if source.release:
+        nearest = nearest_series(root, pins, source.release)
+        after = f"which contains v{source.release}"
+    else:
+        nearest = with_series[max(with_series, key=Version)]
+        after = "which contains no release tag (a shallow clone?)"
+    assert nearest is not None
+    series = load_series(root, nearest)
+    print(
+        f"vllm-overlay: checking {source.repo} at {source.label} "
+        f"({source.date}), {after}, against the {nearest.version} series",
+        file=sys.stderr,
+    )
+    checked = check_release(
+        series,
+        source.release or nearest.version,
+        False,
+        source.files(series.touched_files),
+        _own_files(series, cache or cache_root()),
+    )
+    return [
+        replace(
+            row, release=source.label, commit=source.commit, commit_date=source.date
+        )
+        for row in checked
+    ]
 
 
 def _own_files(series: Series, cache: Path) -> Callable[[], dict[str, bytes]]:
@@ -214,19 +261,20 @@ def check_release(
     series: Series,
     version: str,
     pinned: bool,
-    wheel: Path,
+    files: Mapping[str, bytes],
     own_files: Callable[[], Mapping[str, bytes]],
 ) -> list[PatchStatus]:
-    """Each patch's verdict against the release's files, as the rebased series
-    would meet them: the patches that apply (exactly or with offset) are
-    applied, so later patches see their changes; one that `rebase` drops, or
-    that conflicts, is left out. `own_files` reads the files the series
-    touches as its own release ships them, for `_dependency`."""
+    """Each patch's verdict against the release's `files` (those the series
+    touches, as vLLM `version` has them), as the rebased series would meet
+    them: the patches that apply (exactly or with offset) are applied, so
+    later patches see their changes; one that `rebase` drops, or that
+    conflicts, is left out. `own_files` reads the files the series touches
+    as its own release ships them, for `_dependency`."""
     rows = []
     earlier: list[tuple[Patch, str]] = []
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-status-") as scratch:
         root = Path(scratch) / "tree"
-        _write(wheel_members(wheel, series.touched_files), root)
+        _write(files, root)
         for patch in series.patches:
             verdict, detail = judge(patch, root, version)
             if verdict == CONFLICT:
@@ -389,6 +437,8 @@ def format_table(rows: list[PatchStatus], probe: bool = False) -> str:
 
 def _release_label(row: PatchStatus) -> str:
     """The release cell: whether its verdicts are about its own series."""
+    if row.commit is not None:
+        return row.release
     if not row.pinned:
         return f"{row.release} (unpinned)"
     if row.series != row.release:
@@ -400,7 +450,9 @@ def format_json(rows: list[PatchStatus], probe: bool = False) -> str:
     """The rows as a JSON list of objects, for scripts and CI; the `probe`
     field only when asked for, so the shape without `--probe` stays as it was."""
     objects = [asdict(row) for row in rows]
-    if not probe:
-        for obj in objects:
+    for obj in objects:
+        if not probe:
             del obj["probe"]
+        if obj["commit"] is None:
+            del obj["commit"], obj["commit_date"]
     return json.dumps(objects, indent=2) + "\n"
