@@ -100,6 +100,30 @@ def run_git(cwd: Path, *args: str) -> str:
     ).stdout
 
 
+def make_vllm_clone(repo: Path) -> Path:
+    """A vLLM-like git history built from the fixture's own release: 9.9.0's
+    scheduler tagged `v9.9.0`, then upstream edits on `main`, one commit
+    each and each tagged with its name: code moved down (`moved`), the
+    patch's context changed (`conflict`), the patch's change itself
+    (`absorbed`)."""
+    (repo / SCHEDULER).parent.mkdir(parents=True)
+    run_git(repo, "init", "-q", "-b", "main")
+    steps = [
+        ("release", SCHEDULER_SOURCE, f"v{RELEASE}"),
+        ("moved", "moved in\n" * 3 + SCHEDULER_SOURCE, ""),
+        ("conflict", "moved in\n" * 3 + scheduler_edit(18, "rewritten"), ""),
+        ("absorbed", scheduler_edit(20, "line twenty, patched"), ""),
+    ]
+    for message, text, tag in steps:
+        (repo / SCHEDULER).write_text(text)
+        run_git(repo, "add", "-A")
+        run_git(repo, "commit", "-qm", message, "--date", "2026-11-20T12:00:00")
+        run_git(repo, "tag", message)
+        if tag:
+            run_git(repo, "tag", tag)
+    return repo
+
+
 def format_patch(
     workdir: Path,
     originals: dict[str, str],

@@ -16,6 +16,7 @@ from conftest import (
     SCHEDULER_SOURCE,
     fake_release_env,
     format_patch,
+    make_vllm_clone,
     make_wheel,
     run_cli,
     run_git,
@@ -447,27 +448,7 @@ def test_recorded_verdicts_with_a_wrong_shape_fail_lint(project):
 
 @pytest.fixture
 def vllm_clone(tmp_path: Path) -> Path:
-    """A vLLM-like git history built from the fixture's own release: 9.9.0's
-    scheduler tagged `v9.9.0`, then upstream edits on `main`, one commit
-    each: code moved down (`moved`), the patch's line changed (`conflict`),
-    the patch's change itself (`absorbed`)."""
-    repo = tmp_path / "vllm"
-    (repo / SCHEDULER).parent.mkdir(parents=True)
-    run_git(repo, "init", "-q", "-b", "main")
-    steps = [
-        ("release", SCHEDULER_SOURCE, "v9.9.0"),
-        ("moved", "moved in\n" * 3 + SCHEDULER_SOURCE, ""),
-        ("conflict", "moved in\n" * 3 + scheduler_edit(18, "rewritten"), ""),
-        ("absorbed", scheduler_edit(20, "line twenty, patched"), ""),
-    ]
-    for message, text, tag in steps:
-        (repo / SCHEDULER).write_text(text)
-        run_git(repo, "add", "-A")
-        run_git(repo, "commit", "-qm", message, "--date", "2026-11-20T12:00:00")
-        run_git(repo, "tag", message)
-        if tag:
-            run_git(repo, "tag", tag)
-    return repo
+    return make_vllm_clone(tmp_path / "vllm")
 
 
 def at(capsys, source: str) -> tuple[list[dict], str]:
