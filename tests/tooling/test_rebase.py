@@ -107,6 +107,7 @@ def test_the_messages_line_references_follow_the_code(checkout, capsys):
         patch.read_text().replace(
             "\nWhy.\n",
             "\nWhy: `sched/scheduler.py:17-19` holds it, and `scheduler.py:30`;\n"
+            ":21 is the same file's;\n"
             "`scheduler.py:22` as 9.9.0 has it; `lmcache/x.py:3` is LMCache's.\n",
         )
     )
@@ -119,9 +120,11 @@ def test_the_messages_line_references_follow_the_code(checkout, capsys):
         f"moved    {PATCH}: sched/scheduler.py:17-19 -> sched/scheduler.py:22-24\n"
         f"stale    {PATCH}: scheduler.py:30: the cited lines are no longer there; "
         "fix it by hand\n"
+        f"moved    {PATCH}: :21 -> :26\n"
     ) in out
     text = (target_dir(checkout) / PATCH).read_text()
     assert "Why: `sched/scheduler.py:22-24` holds it, and `scheduler.py:30`;\n" in text
+    assert "\n:26 is the same file's;\n" in text
     assert "`scheduler.py:22` as 9.9.0 has it; `lmcache/x.py:3` is LMCache's.\n" in text
     assert lint(checkout.patches) == []
 

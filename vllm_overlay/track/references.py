@@ -1,29 +1,34 @@
 """The `path:line` references in a patch message, moved by a rebase.
 
 A patch message cites the upstream code it talks to (`sched/scheduler.py:
-1138-1142`). Those numbers belong to the release the patch was written for;
-after a rebase they would point at other code. When `rebase` writes the TO
-series, each reference in a kept patch's message that names a file of
-FROM's `vllm/` package (a unique path suffix in FROM's wheel) is looked up:
-the lines it covers in FROM are found in TO, and the numbers are rewritten
-to where they are now. A reference is left as it is, and reported as stale
-for the maintainer to fix, when those lines are not in TO's file exactly
-once. A reference on a message line that names a release (`in 0.31.0`) is
-about that release and is not touched; nor is one to a file outside vLLM's
-package (LMCache, upstream's tests).
+1138-1142`, then `(:1288)` for another line of the same file). Those numbers
+belong to the release the patch was written for; after a rebase they would
+point at other code. When `rebase` writes the TO series, each reference in a
+kept patch's message to a file of vLLM's package is looked up: the lines it
+covers in FROM are found in TO, and the numbers are rewritten to where they
+are now. The file is the one whose path ends with the cited one (of several,
+the one the message cited last or before), and a bare `:N` is a line of the
+file cited last. A reference is left as it is, and reported as stale for
+the maintainer to fix, when its lines are not in TO's file exactly once or
+its file is ambiguous. A message line that names a release (`in 0.31.0`) is
+about that release and is not touched; nor is a reference to a file outside
+vLLM's package (LMCache, upstream's tests).
 """
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay.build.fetch import wheel_members, wheel_names
 from vllm_overlay.series.model import PACKAGE_DIR
 
+# `dir/file.py:12`, `file.py:12-15`, or a bare `:12` starting a line or after a
+# space, `(` or `,`.
 _REFERENCE = re.compile(
-    r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.py):(\d+)(?:-(\d+))?(?![\d-])"
+    r"(?:(?<![\w/.-])(?P<path>(?:[\w.-]+/)*[\w.-]+\.py)|(?<![^\s(,]))"
+    r":(?P<first>\d+)(?:-(?P<last>\d+))?(?![\w-])"
 )
 _RELEASE = re.compile(r"(?<![\w.])\d+\.\d+\.\d+(?![\w.]*\d)")
 
@@ -50,73 +55,96 @@ def retarget_series(
         for name in wheel_names(from_wheel)
         if name.startswith(PACKAGE_DIR) and name.endswith(".py")
     ]
+
+    @functools.cache
+    def lines(wheel: Path, path: str) -> tuple[str, ...]:
+        content = wheel_members(wheel, [path]).get(path, b"")
+        return tuple(content.decode("utf-8").splitlines())
+
     out, references = {}, []
     for name, data in exported.items():
         message, separator, rest = data.decode("utf-8").partition("\n---\n")
-        lines = message.splitlines(keepends=True)
-        ours = [line for line in lines if not _RELEASE.search(line)]
-        cited = {
-            path
-            for line in ours
-            for match in _REFERENCE.finditer(line)
-            if (path := _resolve(match.group(1), python_files))
-        }
-        move = functools.partial(
-            _move,
-            patch=name,
-            python_files=python_files,
-            from_files=wheel_members(from_wheel, cited),
-            to_files=wheel_members(to_wheel, cited),
-            references=references,
+        mover = _Mover(
+            name,
+            python_files,
+            functools.partial(lines, from_wheel),
+            functools.partial(lines, to_wheel),
         )
-        message = "".join(
-            line if _RELEASE.search(line) else _REFERENCE.sub(move, line)
-            for line in lines
-        )
-        out[name] = (message + separator + rest).encode("utf-8")
+        moved = "".join(mover.line(line) for line in message.splitlines(keepends=True))
+        references += mover.references
+        out[name] = (moved + separator + rest).encode("utf-8")
     return out, references
 
 
-def _resolve(cited: str, python_files: list[str]) -> str | None:
-    """The one file of the package whose path ends with `cited`, else None."""
-    matches = [f for f in python_files if f == cited or f.endswith(f"/{cited}")]
-    return matches[0] if len(matches) == 1 else None
+class _Mover:
+    """One message's references, in order: the file cited last is the file
+    of a bare `:N`, and settles which of several files a short path means."""
 
+    def __init__(
+        self,
+        patch: str,
+        python_files: list[str],
+        old_lines: Callable[[str], tuple[str, ...]],
+        new_lines: Callable[[str], tuple[str, ...]],
+    ) -> None:
+        self.patch = patch
+        self.python_files = python_files
+        self.old_lines, self.new_lines = old_lines, new_lines
+        self.cited: list[str] = []
+        self.current: str | None = None
+        self.references: list[Reference] = []
 
-def _move(
-    match: re.Match[str],
-    *,
-    patch: str,
-    python_files: list[str],
-    from_files: Mapping[str, bytes],
-    to_files: Mapping[str, bytes],
-    references: list[Reference],
-) -> str:
-    path = _resolve(match.group(1), python_files)
-    if path is None or path not in from_files:
-        return match.group(0)
-    first = int(match.group(2))
-    last = int(match.group(3) or first)
-    old = from_files[path].decode("utf-8").splitlines()
-    cited = match.group(0)
-    if not 1 <= first <= last <= len(old):
-        references.append(Reference(patch, cited, stale="beyond the end of the file"))
+    def line(self, text: str) -> str:
+        if _RELEASE.search(text):
+            if _REFERENCE.search(text):
+                self.current = None
+            return text
+        return _REFERENCE.sub(self._move, text)
+
+    def _move(self, match: re.Match[str]) -> str:
+        cited = match.group(0)
+        if match.group("path"):
+            candidates = [
+                f
+                for f in self.python_files
+                if f == match["path"] or f.endswith(f"/{match['path']}")
+            ]
+            self.current = self._choose(candidates)
+            if self.current is None:
+                if len(candidates) > 1:
+                    self._stale(cited, f"{len(candidates)} files of vLLM end so")
+                return cited
+            self.cited.append(self.current)
+        if self.current is None:
+            return cited
+        first = int(match["first"])
+        last = int(match["last"] or first)
+        old = self.old_lines(self.current)
+        if not 1 <= first <= last <= len(old):
+            return self._stale(cited, "beyond the end of the file")
+        block = list(old[first - 1 : last])
+        new = self.new_lines(self.current)
+        starts = [
+            i + 1
+            for i in range(len(new) - len(block) + 1)
+            if list(new[i : i + len(block)]) == block
+        ]
+        if len(starts) != 1:
+            why = "no longer there" if not starts else f"there {len(starts)} times"
+            return self._stale(cited, f"the cited lines are {why}")
+        if starts[0] == first:
+            return cited
+        span = f"{starts[0]}-{starts[0] + last - first}" if match["last"] else starts[0]
+        moved = f"{match['path'] or ''}:{span}"
+        self.references.append(Reference(self.patch, cited, moved_to=moved))
+        return moved
+
+    def _choose(self, candidates: list[str]) -> str | None:
+        if len(candidates) == 1:
+            return candidates[0]
+        earlier = [f for f in reversed(self.cited) if f in candidates]
+        return earlier[0] if earlier else None
+
+    def _stale(self, cited: str, why: str) -> str:
+        self.references.append(Reference(self.patch, cited, stale=why))
         return cited
-    block = old[first - 1 : last]
-    new = to_files.get(path, b"").decode("utf-8").splitlines()
-    starts = [
-        i + 1
-        for i in range(len(new) - len(block) + 1)
-        if new[i : i + len(block)] == block
-    ]
-    if len(starts) != 1:
-        why = "no longer there" if not starts else f"there {len(starts)} times"
-        references.append(Reference(patch, cited, stale=f"the cited lines are {why}"))
-        return cited
-    start = starts[0]
-    if start == first:
-        return cited
-    span = f"{start}-{start + last - first}" if match.group(3) else str(start)
-    moved = f"{match.group(1)}:{span}"
-    references.append(Reference(patch, cited, moved_to=moved))
-    return moved
