@@ -59,7 +59,12 @@ from vllm_overlay.build.fetch import (
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.locking import exclusive
-from vllm_overlay.series.loader import load_series, nearest_series, pinned_releases
+from vllm_overlay.series.loader import (
+    load_series,
+    nearest_release,
+    nearest_series,
+    pinned_releases,
+)
 from vllm_overlay.series.model import PACKAGE_DIR, Patch, Series, has_series
 from vllm_overlay.series.pins import ReleasePin, find_pin, normalise_version
 from vllm_overlay.track.git_source import GitSource
@@ -156,12 +161,11 @@ def status_at(
     if not with_series:
         raise OverlayError("no pinned release has a series yet: nothing to check")
     if source.release:
-        nearest = nearest_series(root, pins, source.release)
+        nearest = nearest_release(with_series, source.release)
         after = f"which contains v{source.release}"
     else:
         nearest = with_series[max(with_series, key=Version)]
         after = "which contains no release tag (a shallow clone?)"
-    assert nearest is not None
     series = load_series(root, nearest)
     print(
         f"vllm-overlay: checking {source.repo} at {source.label} "
