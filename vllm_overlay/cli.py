@@ -22,6 +22,7 @@ from vllm_overlay.track.rebase import (
     probe_outcome,
     skip_patch,
     start_rebase,
+    start_rebase_onto_source,
 )
 from vllm_overlay.track.refresh import refresh
 from vllm_overlay.track.round_trip import refresh_check
@@ -146,12 +147,24 @@ def _rebase(args: argparse.Namespace) -> int:
     if args.abort:
         print(f"vllm-overlay rebase: abandoned the rebase {abort_rebase()}")
         return 0
-    if not resuming and len(args.releases) != 2:
-        raise OverlayError("rebase needs FROM and TO (or --continue/--skip/--abort)")
+    onto_source = args.source is not None or args.out is not None
+    if resuming and onto_source:
+        raise OverlayError("--continue, --skip and --abort take no --source or --out")
+    if onto_source and (args.source is None or args.out is None):
+        raise OverlayError("rebase onto a git commit needs both --source and --out")
+    wanted = 1 if onto_source else 2
+    if not resuming and len(args.releases) != wanted:
+        raise OverlayError(
+            "rebase --source needs FROM only"
+            if onto_source
+            else "rebase needs FROM and TO (or --continue/--skip/--abort)"
+        )
     if args.skip:
         outcome = skip_patch()
     elif args.resume:
         outcome = continue_rebase()
+    elif onto_source:
+        outcome = start_rebase_onto_source(args.releases[0], args.source, args.out)
     else:
         outcome = start_rebase(*args.releases)
     _report_rebase(outcome)
@@ -183,6 +196,12 @@ def _report_rebase(outcome: RebaseOutcome) -> None:
 def _report_probes(outcome: RebaseOutcome) -> int:
     """The probes of both series on the rebased release; a probe that does not
     pass fails the command, though the series stays written for review."""
+    if outcome.source:
+        print(
+            "probes   not run: a git commit has no test environment (pin the "
+            "release and rebase onto it, or run them by hand)"
+        )
+        return 0
     probes = probe_outcome(outcome)
     for line in format_rebased(probes):
         print(line)
@@ -334,6 +353,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     rebase_cmd.add_argument(
         "releases", nargs="*", metavar="FROM TO", help="the two pinned releases"
+    )
+    rebase_cmd.add_argument(
+        "--source",
+        metavar="PATH[@REF]",
+        help="replay FROM onto a vLLM git clone at REF (default HEAD) instead of "
+        "a release; the series goes to --out, nothing is pinned",
+    )
+    rebase_cmd.add_argument(
+        "--out", type=Path, metavar="DIR", help="with --source: the new directory"
     )
     step = rebase_cmd.add_mutually_exclusive_group()
     step.add_argument(

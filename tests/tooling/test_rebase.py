@@ -16,6 +16,7 @@ from conftest import (
     SCHEDULER_SOURCE,
     TRAILERS,
     format_patch,
+    make_vllm_clone,
     run_cli,
     run_git,
     scheduler_edit,
@@ -609,3 +610,87 @@ def test_a_resolution_that_loses_the_change_fails_its_probe(checkout, tmp_path, 
     assert out.splitlines()[-1] == (
         f"probes   {PATCH}: fail: test_demo.py::test_demo failed"
     )
+
+
+def test_a_rebase_onto_a_git_commit_writes_the_named_directory(
+    checkout, tmp_path, capsys
+):
+    """FROM's series replayed onto a commit of a vLLM clone: written to --out
+    as it would be for a release, nothing pinned, the history untouched."""
+    clone = make_vllm_clone(tmp_path / "vllm")
+    pins_before = (checkout.patches / "vllm" / "releases.toml").read_bytes()
+    out = tmp_path / "onto-main"
+    code, stdout, err = rebase(
+        capsys, RELEASE, "--source", f"{clone}@moved", "--out", str(out)
+    )
+    assert code == 0, stdout + err
+    commit = run_git(clone, "rev-parse", "moved").strip()
+    assert f"onto {clone} at moved@{commit[:12]}" in err
+    assert f"kept     {PATCH}" in stdout
+    assert f"wrote {out} (1 kept, 0 dropped)" in stdout
+    assert "probes   not run: a git commit has no test environment" in stdout
+    text = (out / PATCH).read_text()
+    assert "@@ -20,7 +20,7 @@" in text
+    assert (out / "series").read_text().splitlines()[-1] == PATCH
+    assert (checkout.patches / "vllm" / "releases.toml").read_bytes() == pins_before
+    assert not (checkout.patches / HISTORY_FILE).exists()
+    assert not state_dir(checkout.patches).exists()
+
+
+def test_a_rebase_onto_a_commit_that_absorbed_the_patch_drops_it(
+    checkout, tmp_path, capsys
+):
+    clone = make_vllm_clone(tmp_path / "vllm")
+    out = tmp_path / "onto-main"
+    code, stdout, _ = rebase(
+        capsys, RELEASE, "--source", f"{clone}@absorbed", "--out", str(out)
+    )
+    assert code == 0
+    assert f"dropped  {PATCH}: reverse-applies" in stdout
+    assert not (out / PATCH).exists()
+    assert not (checkout.patches / HISTORY_FILE).exists()
+
+
+def test_a_rebase_onto_a_git_commit_stops_at_a_conflict_and_resumes(
+    checkout, tmp_path, capsys
+):
+    clone = make_vllm_clone(tmp_path / "vllm")
+    (clone / SCHEDULER).write_text(scheduler_edit(20, "line twenty, upstream"))
+    run_git(clone, "commit", "-qam", "clash")
+    out = tmp_path / "onto-main"
+    code, stdout, err = rebase(
+        capsys, RELEASE, "--source", f"{clone}@main", "--out", str(out)
+    )
+    assert code == 1
+    assert f"stopped  {PATCH}: merge conflict" in stdout
+    assert "does not merge onto vLLM main@" in err
+    assert not out.exists()
+    repo = state_dir(checkout.patches) / "repo"
+    (repo / SCHEDULER).write_text(scheduler_edit(20, PATCHED_LINE))
+    run_git(repo, "add", SCHEDULER)
+    code, stdout, _ = rebase(capsys, "--continue")
+    assert code == 0, stdout
+    assert f"wrote {out} (1 kept, 0 dropped)" in stdout
+    assert PATCHED_LINE in (out / PATCH).read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--source", "{clone}"], "needs both --source and --out"),
+        (["--out", "{out}"], "needs both --source and --out"),
+        ([RELEASE, TO, "--source", "{clone}", "--out", "{out}"], "needs FROM only"),
+        (["--continue", "--source", "{clone}"], "take no --source or --out"),
+        ([RELEASE, "--source", "{clone}@nothing", "--out", "{out}"], "names no commit"),
+        ([RELEASE, "--source", "{clone}", "--out", "{clone}"], "exists; --out names"),
+    ],
+)
+def test_bad_source_rebases_are_refused(checkout, tmp_path, capsys, argv, message):
+    names = {
+        "clone": str(make_vllm_clone(tmp_path / "vllm")),
+        "out": str(tmp_path / "o"),
+    }
+    code, out, err = rebase(capsys, *(a.format(**names) for a in argv))
+    assert (code, out) == (1, "")
+    assert message in err
+    assert not state_dir(checkout.patches).exists()

@@ -34,25 +34,35 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 from vllm_overlay import atomic
-from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
+from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel, wheel_names
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.git import git, git_bytes, git_run
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.series.loader import load_series, pinned_releases
 from vllm_overlay.series.model import Patch, Series, series_dir
 from vllm_overlay.series.pins import ReleasePin, resolve_release
+from vllm_overlay.track.git_source import open_git_source
 from vllm_overlay.track.history import DroppedPatch, append_history
 from vllm_overlay.track.pin import record_series
 from vllm_overlay.track.probing import RebasedProbes, probe_rebased
-from vllm_overlay.track.references import Reference, retarget_series
-from vllm_overlay.track.refresh import export_series, write_exported
+from vllm_overlay.track.references import (
+    FileReader,
+    Reference,
+    retarget_series,
+    wheel_reader,
+)
+from vllm_overlay.track.refresh import (
+    export_series,
+    write_exported,
+    write_series_dir,
+)
 from vllm_overlay.track.scratch_tree import (
     UPSTREAM_TAG,
     commit_identity,
@@ -93,6 +103,12 @@ class RebaseState:
     # The pinned wheels read at the start, for the messages' references.
     from_wheel: str = ""
     to_wheel: str = ""
+    # A rebase onto a git commit (`--source`): the clone and commit
+    # (`PATH@SHA`), the release whose backports it holds, and the directory
+    # the series goes to.
+    to_source: str = ""
+    to_version: str = ""
+    out_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -127,6 +143,8 @@ class RebaseOutcome:
     repo: Path | None = None
     # The messages' `path:line` references that moved, or could not.
     references: tuple[Reference, ...] = ()
+    # Set for a rebase onto a git commit: the clone and commit it read.
+    source: str = ""
 
 
 def state_dir(root: Path) -> Path:
@@ -158,8 +176,6 @@ def start_rebase(
             f"vLLM {target.version} already has a series ({existing}); rebase "
             "writes a new one: remove it first (git keeps the old one)"
         )
-    state_path = state_dir(root)
-    repo = state_path / "repo"
     _progress(
         f"rebasing the {source.version} series ({len(series.patches)} patches) "
         f"onto vLLM {target.version}"
@@ -169,24 +185,86 @@ def start_rebase(
             f"vLLM {target.version} is older than {source.version}: this "
             "rebase is a backport"
         )
+    from_wheel = fetch_wheel(source, "vllm", cache).path
+    to_wheel = fetch_wheel(target, "vllm", cache).path
+    return _begin(
+        root,
+        series,
+        lambda: _release_files(series, source, from_wheel, cache),
+        lambda: _release_files(series, target, to_wheel, cache),
+        RebaseState(
+            source.version,
+            target.version,
+            {},
+            [p.name for p in series.patches],
+            from_wheel=str(from_wheel),
+            to_wheel=str(to_wheel),
+        ),
+    )
+
+
+def start_rebase_onto_source(
+    from_version: str,
+    spec: str,
+    out: Path,
+    root: Path | None = None,
+    cache: Path | None = None,
+) -> RebaseOutcome:
+    """`vllm-overlay rebase FROM --source PATH[@REF] --out DIR`: the FROM
+    series replayed onto a vLLM git commit (`git_source`) as onto a release,
+    and written to the new directory `out`. Nothing is pinned or recorded and
+    the history is not touched: the commit is not a release. A `Backport
+    <release>` patch is dropped when the commit contains that release's tag."""
+    root = root or patches_root()
+    cache = cache or cache_root()
+    _refuse_in_progress(root)
+    if out.exists():
+        raise OverlayError(f"{out} exists; --out names a directory to create")
+    release = resolve_release(pinned_releases(root), from_version)
+    target = open_git_source(spec)
+    series = load_series(root, release)
+    _progress(
+        f"rebasing the {release.version} series ({len(series.patches)} patches) "
+        f"onto {target.repo} at {target.label} ({target.date})"
+    )
+    from_wheel = fetch_wheel(release, "vllm", cache).path
+    return _begin(
+        root,
+        series,
+        lambda: _release_files(series, release, from_wheel, cache),
+        lambda: target.files([*series.touched_files, *series.upstream_test_files]),
+        RebaseState(
+            release.version,
+            target.label,
+            {},
+            [p.name for p in series.patches],
+            from_wheel=str(from_wheel),
+            to_source=f"{target.repo.resolve()}@{target.commit}",
+            to_version=target.release or release.version,
+            out_dir=str(out.resolve()),
+        ),
+    )
+
+
+def _begin(
+    root: Path,
+    series: Series,
+    from_files: Callable[[], dict[str, bytes]],
+    to_files: Callable[[], dict[str, bytes]],
+    state: RebaseState,
+) -> RebaseOutcome:
+    """Build the scratch repository from both sides' files, save `state`
+    with the commits to replay, and replay them; a failure leaves nothing."""
+    state_path = state_dir(root)
     try:
-        from_wheel = fetch_wheel(source, "vllm", cache).path
-        to_wheel = fetch_wheel(target, "vllm", cache).path
-        from_files = _release_files(series, source, from_wheel, cache)
-        to_files = _release_files(series, target, to_wheel, cache)
+        originals = from_files()
         state_path.mkdir(parents=True)
-        commits = _build_repo(series, from_files, to_files, target.version, repo)
+        state.commits = _build_repo(
+            series, originals, to_files(), state.to_release, state_path / "repo"
+        )
     except BaseException:
         shutil.rmtree(state_path, ignore_errors=True)
         raise
-    state = RebaseState(
-        source.version,
-        target.version,
-        commits,
-        [p.name for p in series.patches],
-        from_wheel=str(from_wheel),
-        to_wheel=str(to_wheel),
-    )
     _save(state, root)
     return _replay(state, root)
 
@@ -319,7 +397,12 @@ def _replay(state: RebaseState, root: Path) -> RebaseOutcome:
     patches = _from_patches(state, root)
     while state.pending:
         name = state.pending[0]
-        reason = _pick(repo, patches[name], state.commits[name], state.to_release)
+        reason = _pick(
+            repo,
+            patches[name],
+            state.commits[name],
+            state.to_version or state.to_release,
+        )
         state.pending.pop(0)
         if reason == "conflict":
             state.current = name
@@ -530,15 +613,40 @@ def _finish(state: RebaseState, root: Path) -> RebaseOutcome:
         names_from=series_dir(root, state.from_release),
         allow_empty=True,
     )
+    from_wheel = Path(state.from_wheel)
     exported, references = retarget_series(
-        exported, Path(state.from_wheel), Path(state.to_wheel)
+        exported,
+        wheel_names(from_wheel),
+        wheel_reader(from_wheel),
+        _git_reader(state.to_source)
+        if state.to_source
+        else wheel_reader(Path(state.to_wheel)),
     )
-    directory, _ = write_exported(exported, state.to_release, root)
-    record_series(state.to_release, root)
-    outcome = _outcome(state, root, directory=directory, references=tuple(references))
-    append_history(root, outcome.dropped)
+    if state.out_dir:
+        directory = Path(state.out_dir)
+        write_series_dir(exported, state.to_release, directory)
+        outcome = _outcome(
+            state,
+            root,
+            directory=directory,
+            references=tuple(references),
+            source=state.to_source,
+        )
+    else:
+        directory, _ = write_exported(exported, state.to_release, root)
+        record_series(state.to_release, root)
+        outcome = _outcome(
+            state, root, directory=directory, references=tuple(references)
+        )
+        append_history(root, outcome.dropped)
     shutil.rmtree(state_dir(root))
     return outcome
+
+
+def _git_reader(spec: str) -> FileReader:
+    """The files of the commit a source rebase was started on."""
+    source = open_git_source(spec)
+    return lambda path: source.files([path]).get(path, b"")
 
 
 def _outcome(state: RebaseState, root: Path, **fields: object) -> RebaseOutcome:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay.build.fetch import wheel_members, wheel_names
+from vllm_overlay.build.fetch import wheel_members
 from vllm_overlay.series.model import PACKAGE_DIR
 
 # `dir/file.py:12`, `file.py:12-15`, or a bare `:12` starting a line or after a
@@ -44,31 +44,43 @@ class Reference:
     stale: str = ""
 
 
+# The bytes of a file of the package by its path (b"" when absent).
+FileReader = Callable[[str], bytes]
+
+
+def wheel_reader(wheel: Path) -> FileReader:
+    """A release's files, from its wheel."""
+    return lambda path: wheel_members(wheel, [path]).get(path, b"")
+
+
 def retarget_series(
-    exported: Mapping[str, bytes], from_wheel: Path, to_wheel: Path
+    exported: Mapping[str, bytes],
+    python_files: list[str],
+    old: FileReader,
+    new: FileReader,
 ) -> tuple[dict[str, bytes], list[Reference]]:
     """`exported` (patch name -> format-patch bytes) with the references of
-    every message moved from `from_wheel`'s lines to `to_wheel`'s; every
-    reference that moved or could not be moved."""
-    python_files = [
-        name
-        for name in wheel_names(from_wheel)
-        if name.startswith(PACKAGE_DIR) and name.endswith(".py")
-    ]
+    every message moved from the lines of the release `old` reads (whose
+    package files are `python_files`) to those of the one `new` reads;
+    every reference that moved or could not be moved."""
 
     @functools.cache
-    def lines(wheel: Path, path: str) -> tuple[str, ...]:
-        content = wheel_members(wheel, [path]).get(path, b"")
-        return tuple(content.decode("utf-8").splitlines())
+    def lines(reader: FileReader, path: str) -> tuple[str, ...]:
+        return tuple(reader(path).decode("utf-8").splitlines())
 
+    python_files = [
+        name
+        for name in python_files
+        if name.startswith(PACKAGE_DIR) and name.endswith(".py")
+    ]
     out, references = {}, []
     for name, data in exported.items():
         message, separator, rest = data.decode("utf-8").partition("\n---\n")
         mover = _Mover(
             name,
             python_files,
-            functools.partial(lines, from_wheel),
-            functools.partial(lines, to_wheel),
+            functools.partial(lines, old),
+            functools.partial(lines, new),
         )
         moved = "".join(mover.line(line) for line in message.splitlines(keepends=True))
         references += mover.references

@@ -159,6 +159,13 @@ def write_exported(
     that changed."""
     target = series_dir(root, release)
     changed = series_diff(exported, release, target)
+    write_series_dir(exported, release, target)
+    return target, changed
+
+
+def write_series_dir(exported: Mapping[str, bytes], release: str, target: Path) -> None:
+    """`exported` and its `series` file as the directory `target`, replaced
+    whole or not at all; `release` names what the series is over."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
@@ -170,7 +177,6 @@ def write_exported(
         replace_dir(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return target, changed
 
 
 def series_diff(
