@@ -17,7 +17,8 @@ least 16 (16, 16, 48 at concurrency 1, 4, 12), so a cell of one request at
 a time takes about as long as one of many; the rounds repeat that. Per cell and arm: the
 median over rounds of median and p99 TTFT, median TPOT, output tokens/s,
 the decode server's local-hit and pulled prompt tokens, and the prefill
-side's expired leases; every ratio is printed as its median over rounds
+side's expired leases and reads of blocks it had released (`ci/pd/load.py`);
+every ratio is printed as its median over rounds
 with its spread (min-max), each round's ratio taken between runs of the
 same round.
 
@@ -45,7 +46,7 @@ if __package__ in (None, ""):
 
 from ci.pd.bench import BenchResult, Workload, run_bench
 from ci.pd.cases import CASE_BY_KEY, DECODE_CAP_BLOCKS, HYBRID, Case
-from ci.pd.load import EXPIRED_LEASE, SEED_WORKLOAD, count_lines
+from ci.pd.load import EXPIRED_LEASE, INVALID_READ, SEED_WORKLOAD, count_lines
 from ci.pd.metrics import DecodeCounts, decode_counts, scrape
 from ci.pd.pair import PATCHED, UNPATCHED, Layout, start_pair, start_vllm, wait_all
 from ci.pd_e2e import make_layout
@@ -75,6 +76,7 @@ class Sample:
     bench: BenchResult
     counts: DecodeCounts | None
     expired_leases: int
+    released_reads: int
 
 
 # (cache, concurrency) -> arm name -> one Sample per round.
@@ -116,6 +118,7 @@ def run_arm(
         for workload in workloads:
             before = scrape(decode_port) if decode_port else None
             expired = count_lines(prefill_log, EXPIRED_LEASE) if prefill_log else 0
+            released = count_lines(prefill_log, INVALID_READ) if prefill_log else 0
             bench = run_bench(
                 layout.envs[UNPATCHED],
                 target,
@@ -129,13 +132,14 @@ def run_arm(
                 counts = decode_counts(before, scrape(decode_port))
             if prefill_log is not None:
                 expired = count_lines(prefill_log, EXPIRED_LEASE) - expired
+                released = count_lines(prefill_log, INVALID_READ) - released
             if bench.failed:
                 print(
                     f"  {name}, {cache}, c{workload.concurrency}: "
                     f"{bench.failed} failed ({bench.failures[:1]})",
                     flush=True,
                 )
-            samples.append(Sample(bench, counts, expired))
+            samples.append(Sample(bench, counts, expired, released))
     return samples
 
 
@@ -206,9 +210,10 @@ def report(results: Results, rounds: int, cells: Sequence[Workload]) -> None:
         print(f"  {replace(cell, seed=0).describe().removesuffix(', seed 0')}")
     print(
         "| decode cache | concurrency | arm | median TTFT | p99 TTFT | median TPOT | "
-        "output tok/s | local hit / pulled (decode) | expired leases | failed |"
+        "output tok/s | local hit / pulled (decode) | expired leases | "
+        "reads of released blocks | failed |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for (cache, c), cell in results.items():
         for name, samples in cell.items():
             benches = [s.bench for s in samples]
@@ -226,6 +231,7 @@ def report(results: Results, rounds: int, cells: Sequence[Workload]) -> None:
                 f"{median([b.median_tpot_s for b in benches]) * 1000:.0f} ms | "
                 f"{median([b.output_throughput for b in benches]):.1f} | {reuse} | "
                 f"{sum(s.expired_leases for s in samples)} | "
+                f"{sum(s.released_reads for s in samples)} | "
                 f"{sum(b.failed for b in benches)} |"
             )
     print("\nRatios (median over rounds, min-max):")
