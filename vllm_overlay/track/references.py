@@ -136,6 +136,8 @@ class _Mover:
             return self._stale(cited, "beyond the end of the file")
         block = list(old[first - 1 : last])
         new = self.new_lines(self.current)
+        if list(new[first - 1 : last]) == block:
+            return cited
         starts = [
             i + 1
             for i in range(len(new) - len(block) + 1)
@@ -144,8 +146,6 @@ class _Mover:
         if len(starts) != 1:
             why = "no longer there" if not starts else f"there {len(starts)} times"
             return self._stale(cited, f"the cited lines are {why}")
-        if starts[0] == first:
-            return cited
         span = f"{starts[0]}-{starts[0] + last - first}" if match["last"] else starts[0]
         moved = f"{match['path'] or ''}:{span}"
         self.references.append(Reference(self.patch, cited, moved_to=moved))
