@@ -107,7 +107,8 @@ def make_vllm_clone(repo: Path) -> Path:
     patch's context changed (`conflict`), the patch's change itself
     (`absorbed`)."""
     (repo / SCHEDULER).parent.mkdir(parents=True)
-    run_git(repo, "init", "-q", "-b", "main")
+    run_git(repo, "init", "-q")
+    run_git(repo, "symbolic-ref", "HEAD", "refs/heads/main")
     steps = [
         ("release", SCHEDULER_SOURCE, f"v{RELEASE}"),
         ("moved", "moved in\n" * 3 + SCHEDULER_SOURCE, ""),
