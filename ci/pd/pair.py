@@ -152,17 +152,19 @@ def start_pair(
     tag: str,
     prefix_caching: bool = True,
     decode_args: Sequence[str] = (),
+    prefill_config: dict[str, object] = NIXL,
 ) -> Pair:
-    """A prefill server (plain NixlConnector), a decode server with
-    `decode_config` (and `decode_args`: the load case's cache cap) and the
-    proxy in front, all ready; logs named `<build>-<role>-<tag>.log`."""
+    """A prefill server (`prefill_config`: plain NixlConnector), a decode
+    server with `decode_config` (and `decode_args`: the load case's cache
+    cap) and the proxy in front, all ready; logs named
+    `<build>-<role>-<tag>.log`."""
     prefill, prefill_port = start_vllm(
         stack,
         layout,
         build,
         model,
         f"{build}-prefill-{tag}",
-        NIXL,
+        prefill_config,
         PREFILL_CORES,
         prefix_caching,
     )

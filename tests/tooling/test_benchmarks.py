@@ -12,6 +12,7 @@ import pytest
         "benchmarks.wheel_build",
         "benchmarks.schedule_overhead",
         "benchmarks.pd_decode_reuse",
+        "benchmarks.pd_lease",
     ],
 )
 def test_benchmark_imports(module):
