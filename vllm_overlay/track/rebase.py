@@ -28,6 +28,14 @@ file is replaced in one rename. A merge moves text, not meaning, so
 series (see `probing.probe_rebased`).
 
 A TO older than FROM is allowed: it backports the series, and says so.
+
+TO may also be a commit of a vLLM git clone (`start_rebase_onto_source`,
+`--source PATH[@REF] --out DIR`): the same replay, its TO files read from the
+commit (`git_source.py`), the series written to the new directory DIR, and
+nothing pinned, recorded or appended to the history.
+
+A kept patch's message has its `path:line` references moved to TO's lines
+(`references.py`); those it cannot place are reported as stale.
 """
 
 import json

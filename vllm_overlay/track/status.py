@@ -17,7 +17,9 @@ applied where they applied, and gives each patch one verdict:
 
 A pinned release without a series yet (pinned, not rebased onto yet) is read
 from its pinned wheel and, like an unpinned one, checked against the nearest
-series that exists; `--record` keeps none of its verdicts.
+series that exists; `--record` keeps none of its verdicts. A commit of a vLLM
+git clone (`--source`, `status_at`) is read from the clone (`git_source.py`)
+and checked against the series of the newest release it contains.
 
 Why "applies only with offset" and not "applies only 3-way": `git apply
 --3way` merges from the preimage blobs named by the patch's `index` lines,
