@@ -24,12 +24,12 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from vllm_overlay.build.applier import apply_series
-from vllm_overlay.build.fetch import SourceWheel, fetch_wheel, sha256_of
-from vllm_overlay.build.wheel import build_patched_wheel, manifest_bytes
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.model import Series
+from vllm_overlay.upstream.applier import apply_series
+from vllm_overlay.upstream.fetch import SourceWheel, fetch_wheel, sha256_of
+from vllm_overlay.wheel.builder import build_patched_wheel, manifest_bytes
 
 
 def timed(action: Callable[[], object], runs: int, clear: Path | None = None) -> float:

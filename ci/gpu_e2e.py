@@ -81,11 +81,11 @@ from ci.pd_e2e import TOY_PROXY, run_case
 from ci.release_env import NIXL_REQUIREMENTS
 from ci.servers import Server, free_port, server_environment
 from ci.tiny_model import ensure_tiny_model
-from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
-from vllm_overlay.build.wheel import build_release
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.loader import pinned_releases, release_series
+from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel
+from vllm_overlay.wheel.builder import build_release
 
 HYBRID, SLIDING = "tiny-qwen3.5", "tiny-gemma3"
 NIXL_GPU: dict[str, object] = {

@@ -47,14 +47,14 @@ from ci.upstream_tests import (
     run_upstream_tests,
     test_environment,
 )
-from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
-from vllm_overlay.build.wheel import build_release
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import REPO_ROOT, cache_root, patches_root
 from vllm_overlay.series.facts import pd_core_releases
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.model import Series
 from vllm_overlay.track.round_trip import check_round_trip
+from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel
+from vllm_overlay.wheel.builder import build_release
 
 UNPATCHED_PLUGIN = "vllm_overlay.testing.unpatched"
 PROBES_DIR = "tests/probes"

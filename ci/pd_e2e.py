@@ -59,11 +59,11 @@ from ci.pd.pair import (
 )
 from ci.tiny_model import ensure_tiny_model
 from ci.unpatched_env import ensure_bare_env, ensure_unpatched_env
-from vllm_overlay.build.fetch import fetch_sdist_tree
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.facts import e2e_release
 from vllm_overlay.series.loader import pinned_releases
+from vllm_overlay.upstream.fetch import fetch_sdist_tree
 
 RELEASE = e2e_release()
 TOY_PROXY = Path("tests/v1/kv_connector/nixl_integration/toy_proxy_server.py")

@@ -36,11 +36,11 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from vllm_overlay import atomic
-from vllm_overlay.build.fetch import sha256_of
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.facts import EnvironmentFacts, environment_facts
 from vllm_overlay.series.pins import DISTRIBUTIONS
+from vllm_overlay.upstream.fetch import sha256_of
 
 # Bump whenever the recipe below changes, so that existing environments are
 # rebuilt rather than reused with a stale dependency layer.
@@ -486,9 +486,9 @@ def _progress(release: str, message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Build or update one release's environment and print its directory."""
-    from vllm_overlay.build.fetch import fetch_sdist_tree
     from vllm_overlay.locations import cache_root, patches_root
     from vllm_overlay.series.pins import load_pins
+    from vllm_overlay.upstream.fetch import fetch_sdist_tree
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("release", help="a pinned release, e.g. 0.32.0")

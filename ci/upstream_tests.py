@@ -26,10 +26,10 @@ if __package__ in (None, ""):
 
 from ci.pytest_runs import PLATFORM_VAR, pytest_command, pytest_environment, test_dist
 from vllm_overlay import atomic
-from vllm_overlay.build.applier import apply_series
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.series.facts import FACTS_FILE, upstream_test_files
 from vllm_overlay.series.model import TESTS_DIR, Series
+from vllm_overlay.upstream.applier import apply_series
 
 DESELECTED_FILE = Path(__file__).resolve().parent / "deselected.toml"
 PYTEST_PLUGINS = Path(__file__).resolve().parent / "pytest_plugins"
@@ -299,10 +299,10 @@ def run_upstream_tests(
 def main(argv: list[str] | None = None) -> int:
     """Run one release's upstream tests in its already built environment."""
     from ci.hf_standin import write_hf_standin
-    from vllm_overlay.build.fetch import fetch_sdist_tree
     from vllm_overlay.locations import cache_root, patches_root
     from vllm_overlay.series.loader import release_series
     from vllm_overlay.series.pins import load_pins
+    from vllm_overlay.upstream.fetch import fetch_sdist_tree
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("release", help="a pinned release, e.g. 0.32.0")

@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 from vllm_overlay import atomic
-from vllm_overlay.build.wheel import build_release
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import patches_root
 from vllm_overlay.series.pins import DISTRIBUTIONS
@@ -35,6 +34,7 @@ from vllm_overlay.track.status import (
     status_at,
 )
 from vllm_overlay.track.table import TABLE_FILE, render_table
+from vllm_overlay.wheel.builder import build_release
 
 
 def _build(args: argparse.Namespace) -> int:

@@ -28,7 +28,6 @@ import pytest
 import torch
 
 from ci.hf_standin import Vocabulary, write_tokenizer
-from vllm_overlay.build.record import record_hash
 from vllm_overlay.doctor import diagnose
 from vllm_overlay.doctor.findings import Finding, Severity
 from vllm_overlay.doctor.report import Report
@@ -41,6 +40,7 @@ from vllm_overlay.series.manifest import (
     read_installed_manifest,
 )
 from vllm_overlay.testing.pristine import installed_touched_files, pristine_sources
+from vllm_overlay.upstream.record import record_hash
 
 # None of the imports above imports vLLM. Only the build from the CUDA
 # `vllm` wheel needs telling to use the CPU platform on a machine without a

@@ -1,4 +1,5 @@
-"""The package's layout is its pipeline: series -> build -> runtime -> track.
+"""The package's layout is its pipeline:
+series -> upstream -> wheel / runtime -> testing / doctor -> track -> cli.
 
 Read statically from every import statement (those inside functions too), so
 that a lazy import cannot hide a cycle or a stage that reaches back up."""
@@ -19,7 +20,8 @@ STAGES = {
     "git": 0,
     "trees": 0,
     "series": 1,
-    "build": 2,
+    "upstream": 2,
+    "wheel": 3,
     "runtime": 3,
     "testing": 4,
     "doctor": 4,

@@ -24,13 +24,13 @@ from conftest import (
 )
 from conftest import DEMO_PROBE as DEMO_PROBE_SOURCE
 
-from vllm_overlay.build.applier import apply_series
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 from vllm_overlay.track import probing
 from vllm_overlay.track.history import HISTORY_FILE, read_history
 from vllm_overlay.track.lint import lint
 from vllm_overlay.track.rebase import state_dir
+from vllm_overlay.upstream.applier import apply_series
 
 TO = "9.10.0"
 PATCH = "scheduler-demo.patch"

@@ -7,13 +7,13 @@ import pytest
 from conftest import EXTENSION, RELEASE, SCHEDULER, make_wheel, sha256_file
 from wheel.wheelfile import WheelFile
 
-from vllm_overlay.build import wheel as wheelbuild
-from vllm_overlay.build.fetch import SourceWheel
-from vllm_overlay.build.raw_zip import copy_raw
-from vllm_overlay.build.record import parse_record, record_hash, record_text
-from vllm_overlay.build.wheel import build_patched_wheel, build_release
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.series.loader import release_series
+from vllm_overlay.upstream.fetch import SourceWheel
+from vllm_overlay.upstream.record import parse_record, record_hash, record_text
+from vllm_overlay.wheel import builder as wheelbuild
+from vllm_overlay.wheel.builder import build_patched_wheel, build_release
+from vllm_overlay.wheel.raw_zip import copy_raw
 
 PATCHED_NAME = f"vllm-{RELEASE}+hybridkv.1-cp38-abi3-linux_x86_64.whl"
 DIST_INFO = f"vllm-{RELEASE}+hybridkv.1.dist-info"

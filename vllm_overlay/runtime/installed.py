@@ -17,10 +17,10 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from vllm_overlay.build.record import parse_record, record_hash
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.series.manifest import MANIFEST_PATH, installed_vllm_dir
 from vllm_overlay.series.pins import DISTRIBUTIONS
+from vllm_overlay.upstream.record import parse_record, record_hash
 
 _PACKAGE_INIT = "vllm/__init__.py"
 

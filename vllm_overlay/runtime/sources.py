@@ -10,7 +10,7 @@ name and renamed into place under a lock, so no process ever sees half of
 one. Its index (`sources.json`, each file's sha256) is checked on every start:
 a cached file that was edited or removed is rebuilt, never served.
 
-Applying the series runs `git apply` (see `build/applier.py`), so the first start
+Applying the series runs `git apply` (see `upstream/applier.py`), so the first start
 of a series over a build needs git; later starts only hash a few files.
 """
 
@@ -72,7 +72,7 @@ def _intact(directory: Path, originals: Mapping[str, bytes]) -> bool:
 def _build(directory: Path, series: Series, originals: Mapping[str, bytes]) -> None:
     # Imported here: only a cache miss applies the series, and a warm start
     # should not pay for loading the applier.
-    from vllm_overlay.build.applier import apply_series
+    from vllm_overlay.upstream.applier import apply_series
 
     patched = apply_series(series, originals)
     deleted = sorted(

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.series.pins import ReleasePin
 
@@ -67,6 +69,32 @@ class Patch:
     @property
     def probes(self) -> tuple[str, ...]:
         return tuple(value for key, value in self.trailers if key == "Probe")
+
+    @property
+    def backport_release(self) -> Version | None:
+        """The release a `Backport <release>` patch was taken from; None for
+        any other status, or a backport of a commit (which no version
+        orders)."""
+        kind, _, source = self.upstream_status.partition(" ")
+        if kind != "Backport":
+            return None
+        try:
+            return Version(source.strip().removeprefix("v"))
+        except InvalidVersion:
+            return None
+
+    def backport_drop(self, to_version: str) -> str | None:
+        """Why a series for `to_version` leaves this patch out: it is a
+        `Backport <release>` patch and `to_version` is that release or later,
+        which has the upstream change; None for any other patch. A rebase
+        drops it before any merge and `status` shows the same drop."""
+        backported = self.backport_release
+        if backported is None or backported > Version(to_version):
+            return None
+        return (
+            f"Upstream-Status: Backport {backported}: vLLM {to_version} has the "
+            "upstream change"
+        )
 
 
 @dataclass(frozen=True)

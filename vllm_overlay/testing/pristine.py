@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_overlay.build.fetch import sha256_of, wheel_members
 from vllm_overlay.locations import cache_root
 from vllm_overlay.runtime import source_overlay
 from vllm_overlay.series.manifest import read_installed_manifest
+from vllm_overlay.upstream.fetch import sha256_of, wheel_members
 
 RELEASE = pytest.StashKey[str]()
 _SCRATCH = pytest.StashKey[tempfile.TemporaryDirectory[str]]()

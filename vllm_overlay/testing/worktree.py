@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from vllm_overlay.build.applier import apply_series
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.runtime import source_overlay
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.manifest import read_installed_manifest
 from vllm_overlay.testing.pristine import installed_touched_files, pristine_sources
+from vllm_overlay.upstream.applier import apply_series
 
 _SCRATCH = pytest.StashKey[tempfile.TemporaryDirectory[str]]()
 _SERIES = pytest.StashKey[str]()

@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.git import git, git_cause, git_run
 from vllm_overlay.locations import cache_root, patches_root
@@ -58,6 +57,7 @@ from vllm_overlay.track.scratch_tree import (
     materialize,
     pristine_files,
 )
+from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel
 
 BRANCH_PREFIX = "overlay/"
 DESCRIPTION_FILE = "PR.md"

@@ -32,8 +32,6 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay.build.applier import apply_series, syntax_problem
-from vllm_overlay.build.fetch import cached_sdist_tree
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.git import git_run
 from vllm_overlay.locations import PINS_FILE, cache_root
@@ -55,6 +53,8 @@ from vllm_overlay.track.history import (
     read_history,
 )
 from vllm_overlay.track.verdicts import read_verdicts
+from vllm_overlay.upstream.applier import apply_series, syntax_problem
+from vllm_overlay.upstream.fetch import cached_sdist_tree
 
 PROBES_DIR = Path("tests") / "probes"
 KEPT_FILE = PROBES_DIR / "kept.toml"

@@ -30,8 +30,6 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from vllm_overlay import atomic
-from vllm_overlay.build.applier import syntax_problem
-from vllm_overlay.build.fetch import PipRun, last_error_line, pip_download, sha256_of
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.locking import exclusive
@@ -43,6 +41,8 @@ from vllm_overlay.series.pins import (
     normalise_version,
     resolve_release,
 )
+from vllm_overlay.upstream.applier import syntax_problem
+from vllm_overlay.upstream.fetch import PipRun, last_error_line, pip_download, sha256_of
 
 # The machines the patched builds serve on; a wheel for any other platform is
 # not pinned.

@@ -22,9 +22,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from vllm_overlay.build.fetch import last_error_line
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.model import Series
+from vllm_overlay.upstream.fetch import last_error_line
 
 STILL_NEEDED = "still needed"
 EQUIVALENT = "upstream-equivalent"

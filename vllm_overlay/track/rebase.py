@@ -46,10 +46,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from vllm_overlay import atomic
-from vllm_overlay.build.fetch import fetch_sdist_tree, fetch_wheel, wheel_names
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.git import git, git_bytes, git_run
 from vllm_overlay.locations import cache_root, patches_root
@@ -78,6 +77,7 @@ from vllm_overlay.track.scratch_tree import (
     pristine_files,
 )
 from vllm_overlay.trees import write_tree
+from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel, wheel_names
 
 STATE_DIR = Path(".vllm-overlay") / "rebase"
 TARGET_TAG = "upstream-to"
@@ -440,7 +440,7 @@ def _from_patches(state: RebaseState, root: Path) -> dict[str, Patch]:
 
 def _pick(repo: Path, patch: Patch, commit: str, to_version: str) -> str | None:
     """Replay one patch: None when kept, "conflict", or why it was dropped."""
-    dropped = backport_drop(patch, to_version)
+    dropped = patch.backport_drop(to_version)
     if dropped is not None:
         return dropped
     if _reverse_applies(repo, patch):
@@ -459,31 +459,6 @@ def _pick(repo: Path, patch: Patch, commit: str, to_version: str) -> str | None:
         git(repo, "reset", "-q", "--hard", "HEAD^")
         return f"empty after a 3-way merge: vLLM {to_version} already has the change"
     return None
-
-
-def backport_drop(patch: Patch, to_version: str) -> str | None:
-    """Why a rebase onto `to_version` drops `patch` before any merge: it is a
-    `Backport <release>` patch and TO is that release or later (see the module
-    docstring); None for any other patch. `status` shows the same drop."""
-    backported = backport_release(patch)
-    if backported is None or backported > Version(to_version):
-        return None
-    return (
-        f"Upstream-Status: Backport {backported}: vLLM {to_version} has the "
-        "upstream change"
-    )
-
-
-def backport_release(patch: Patch) -> Version | None:
-    """The release a `Backport <release>` patch was taken from; None for any
-    other status, or a backport of a commit (which no version orders)."""
-    kind, _, source = patch.upstream_status.partition(" ")
-    if kind != "Backport":
-        return None
-    try:
-        return Version(source.strip().removeprefix("v"))
-    except InvalidVersion:
-        return None
 
 
 def _reverse_applies(repo: Path, patch: Patch) -> bool:

@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay.build.fetch import wheel_members
 from vllm_overlay.series.model import PACKAGE_DIR
+from vllm_overlay.upstream.fetch import wheel_members
 
 # `dir/file.py:12`, `file.py:12-15`, or a bare `:12` starting a line or after a
 # space, `(` or `,`.

@@ -11,11 +11,11 @@ it writes the series back byte for byte.
 from collections.abc import Mapping
 from pathlib import Path
 
-from vllm_overlay.build.fetch import wheel_members
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.git import git, git_cause, git_run
 from vllm_overlay.series.model import Series
 from vllm_overlay.trees import write_tree
+from vllm_overlay.upstream.fetch import wheel_members
 
 UPSTREAM_TAG = "upstream"
 _IDENTITY = "vllm-overlay"

@@ -6,10 +6,11 @@ applied where they applied, and gives each patch one verdict:
 
 - "applies exactly": `git apply` places every hunk where the patch says;
 - "applies only with offset": every hunk applies, but some only some lines
-  away; the build refuses that (see `build/applier.py`), so the patch needs a refresh;
+  away; the build refuses that (see `upstream/applier.py`), so the patch
+  needs a refresh;
 - "already present": the patch reverse-applies, so upstream has the change;
 - "dropped by rebase": a `Backport <release>` patch that `rebase` onto this
-  release drops unseen (`rebase.backport_drop`), so it is not applied either;
+  release drops unseen (`Patch.backport_drop`), so it is not applied either;
 - "conflicts": a hunk's context no longer matches; the detail names every
   failing hunk of every file. "conflicts (depends on P, which conflicts)"
   when every failure comes from an earlier patch P left out here, not from
@@ -51,13 +52,6 @@ from pathlib import Path
 from packaging.version import Version
 
 from vllm_overlay import atomic
-from vllm_overlay.build.applier import apply_error, git_apply, hunk_problems
-from vllm_overlay.build.fetch import (
-    fetch_wheel,
-    last_error_line,
-    pip_download,
-    wheel_members,
-)
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.locking import exclusive
@@ -71,10 +65,16 @@ from vllm_overlay.series.model import PACKAGE_DIR, Patch, Series, has_series
 from vllm_overlay.series.pins import ReleasePin, find_pin, normalise_version
 from vllm_overlay.track.git_source import GitSource
 from vllm_overlay.track.probing import probe_verdicts
-from vllm_overlay.track.rebase import backport_drop
 from vllm_overlay.track.table import TABLE_FILE, render_table
 from vllm_overlay.track.verdicts import record_verdicts
 from vllm_overlay.trees import write_tree
+from vllm_overlay.upstream.applier import apply_error, git_apply, hunk_problems
+from vllm_overlay.upstream.fetch import (
+    fetch_wheel,
+    last_error_line,
+    pip_download,
+    wheel_members,
+)
 
 EXACT = "applies exactly"
 OFFSET = "applies only with offset"
@@ -306,7 +306,7 @@ def _write(files: Mapping[str, bytes], root: Path) -> None:
 def judge(patch: Patch, root: Path, version: str) -> tuple[str, str]:
     """The verdict and its detail for one patch against the files in `root`,
     those of vLLM `version`."""
-    dropped = backport_drop(patch, version)
+    dropped = patch.backport_drop(version)
     if dropped is not None:
         return DROPPED, dropped
     forward = git_apply(patch, root, PACKAGE_DIR, "--check")

@@ -24,16 +24,16 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from vllm_overlay import atomic
-from vllm_overlay.build.applier import apply_series
-from vllm_overlay.build.fetch import SourceWheel, fetch_wheel
-from vllm_overlay.build.raw_zip import copy_raw
-from vllm_overlay.build.record import parse_record, record_hash, record_text
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import cache_root
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 from vllm_overlay.series.model import PACKAGE_DIR, Series
+from vllm_overlay.upstream.applier import apply_series
+from vllm_overlay.upstream.fetch import SourceWheel, fetch_wheel
+from vllm_overlay.upstream.record import parse_record, record_hash, record_text
+from vllm_overlay.wheel.raw_zip import copy_raw
 
 DIST_NAME = "vllm"
 
