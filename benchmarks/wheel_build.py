@@ -72,9 +72,10 @@ def unpack_and_pack(
         else:
             (tree / name).parent.mkdir(parents=True, exist_ok=True)
             (tree / name).write_bytes(content)
-    (tree / "vllm" / "_overlay_series.json").write_bytes(manifest_bytes(series, source))
-    [dist_info] = tree.glob("*.dist-info")
     version = series.build_version(source.dist)
+    manifest = manifest_bytes(series, source, version)
+    (tree / "vllm" / "_overlay_series.json").write_bytes(manifest)
+    [dist_info] = tree.glob("*.dist-info")
     metadata = dist_info / "METADATA"
     text = metadata.read_text(encoding="utf-8")
     head, sep, body = text.partition("\n\n")

@@ -408,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     cache = cache_root()
     root = cache / "gpu-e2e"
     try:
-        pin = release_series(args.release).release
+        series = release_series(args.release)
+        pin = series.release
         release = pin.version
         venv = ensure_env(release, cache)
         layout = Layout(
@@ -432,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="vllm-overlay-gpu-") as tmp:
             wheels = {
                 UNPATCHED: fetch_wheel(pin, "vllm", cache).path,
-                PATCHED: build_release(release, "vllm", Path(tmp)),
+                PATCHED: build_release(series, "vllm", Path(tmp)),
             }
             mp: dict[str, Single | str] = {}
             for build in (UNPATCHED, PATCHED):

