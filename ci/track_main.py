@@ -23,7 +23,7 @@ from pathlib import Path
 from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.track.git_source import open_git_source
-from vllm_overlay.track.status import CONFLICT, PatchStatus, status_at
+from vllm_overlay.track.status import PatchStatus, Verdict, status_at
 
 LAST, GOOD = "last.json", "good.json"
 
@@ -36,7 +36,7 @@ def result(rows: list[PatchStatus]) -> dict[str, object]:
         "date": first.commit_date,
         "label": first.release,
         "series": first.series,
-        "verdicts": {row.patch: row.verdict for row in rows},
+        "verdicts": {row.patch: row.verdict_text for row in rows},
     }
 
 
@@ -98,7 +98,7 @@ def track(clone: str, ref: str, state: Path, summary_file: Path | None) -> int:
     current = result(rows)
     previous = read_state(state / LAST)
     good = read_state(state / GOOD)
-    if not any(row.verdict.startswith(CONFLICT) for row in rows):
+    if not any(row.verdict is Verdict.CONFLICT for row in rows):
         good = current
     text = summary(current, previous, good)
     state.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import patches_root
 from vllm_overlay.series.loader import release_series
-from vllm_overlay.series.pins import DISTRIBUTIONS
+from vllm_overlay.series.pins import Dist
 from vllm_overlay.track.extract import extract
 from vllm_overlay.track.git_source import open_git_source
 from vllm_overlay.track.lint import lint
@@ -254,8 +254,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument(
         "--dist",
-        choices=DISTRIBUTIONS,
-        default="vllm",
+        type=Dist,
+        choices=list(Dist),
+        default=Dist.VLLM,
         help="upstream distribution to patch (default: vllm)",
     )
     build.add_argument(
@@ -271,7 +272,8 @@ def _parser() -> argparse.ArgumentParser:
     pin.add_argument(
         "--dist",
         action="append",
-        choices=DISTRIBUTIONS,
+        type=Dist,
+        choices=list(Dist),
         help="a distribution whose wheels to pin, repeatable (default: every "
         "known one that has wheels)",
     )

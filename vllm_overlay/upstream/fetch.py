@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locking import exclusive
-from vllm_overlay.series.pins import ReleasePin
+from vllm_overlay.series.pins import Dist, ReleasePin
 
 _SDIST_MARKER = ".vllm-overlay-sdist-sha256"
 _UNREACHABLE = (
@@ -63,10 +63,10 @@ class SourceWheel:
 
     path: Path
     sha256: str
-    dist: str
+    dist: Dist
 
 
-def fetch_wheel(release: ReleasePin, dist: str, cache: Path) -> SourceWheel:
+def fetch_wheel(release: ReleasePin, dist: Dist, cache: Path) -> SourceWheel:
     """The release's pinned `dist` wheel that installs here, from the cache
     or downloaded into it; always verified."""
     wheel = release.wheel_for(dist)

@@ -30,6 +30,7 @@ from vllm_overlay.locations import cache_root
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 from vllm_overlay.series.model import PACKAGE_DIR, Series
+from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.applier import apply_series
 from vllm_overlay.upstream.fetch import SourceWheel, fetch_wheel
 from vllm_overlay.upstream.record import parse_record, record_hash, record_text
@@ -272,7 +273,7 @@ def _assert_unchanged_members_identical(
 
 
 def build_release(
-    series: Series, dist: str, out_dir: Path, cache: Path | None = None
+    series: Series, dist: Dist, out_dir: Path, cache: Path | None = None
 ) -> Path:
     """Build the patched wheel of `series`'s release from its pinned `dist`
     wheel. The series comes loaded (`release_series` checks it), so a defect
