@@ -28,7 +28,7 @@ scheduling compare here, not what a GPU deployment of a real model gains.
 prefixes, 2 of them, 1,024-token suffixes, 512 prompts; use it with
 `--concurrency 256`).
 
-Usage: python benchmarks/pd_decode_reuse.py [RELEASE] [--rounds N]
+Usage: python -m benchmarks.pd_decode_reuse [RELEASE] [--rounds N]
     [--concurrency C ...] [--prompts N] [--output-len N] [--workload seed]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
@@ -40,9 +40,6 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ci.pd.bench import BenchResult, Workload, run_bench
 from ci.pd.cases import CASE_BY_KEY, DECODE_CAP_BLOCKS, HYBRID, Case

@@ -16,7 +16,7 @@ Arms: each build of `--builds` with vLLM's default lease and with
 Per arm: expired leases and reads of released blocks per run, median TTFT
 and output tokens/s; the throughput ratio long/default with its spread.
 
-Usage: python benchmarks/pd_lease.py [RELEASE] [--rounds N]
+Usage: python -m benchmarks.pd_lease [RELEASE] [--rounds N]
     [--long-lease S] [--builds unpatched patched]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
@@ -26,10 +26,6 @@ import statistics
 import sys
 from contextlib import ExitStack
 from dataclasses import replace
-from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ci.pd.cases import CASE_BY_KEY, DECODE_CAP_BLOCKS, HYBRID
 from ci.pd.load import WORKLOAD, LoadRun, run_load

@@ -20,7 +20,7 @@ requests, a quarter of them sharing a locally cached prefix. Two workloads:
   load weight, so the series takes its new paths (per-group lookups, pinned
   and weighted loaders); the ratio is what those decisions cost or save.
 
-Usage: python benchmarks/schedule_overhead.py [RELEASE] [--rounds N] [--steps N]
+Usage: python -m benchmarks.schedule_overhead [RELEASE] [--rounds N] [--steps N]
 (RELEASE defaults to e2e_release in patches/vllm/release-facts.toml; its
 environment must exist: tools/test.sh RELEASE)
 """

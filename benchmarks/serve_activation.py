@@ -13,8 +13,8 @@ activations is 50 ms. The first start of a series over a build also applies
 it (`git apply`) into the cache: timed separately, with a fresh cache each
 time.
 
-Usage: python benchmarks/serve_activation.py [RELEASE] [--runs N]
-(the environment must exist: python ci/serve_e2e.py RELEASE)
+Usage: python -m benchmarks.serve_activation [RELEASE] [--runs N]
+(the environment must exist: python -m ci.serve_e2e RELEASE)
 """
 
 import argparse
@@ -70,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     python = cache_root() / "serve-e2e" / "envs" / args.release / "bin" / "python"
     if not python.exists():
-        sys.exit(f"{python} does not exist; run python ci/serve_e2e.py first")
+        sys.exit(f"{python} does not exist; run python -m ci.serve_e2e first")
     bare = base_environment()
     serving = {**bare, "PYTHONPATH": str(REPO_ROOT)}
     exported = subprocess.run(

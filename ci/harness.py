@@ -36,7 +36,7 @@ from ci.hf_standin import write_hf_standin
 from ci.pd.cases import CASES, CORE_CASES, Case
 from ci.pd_e2e import RELEASE as PD_E2E_RELEASE
 from ci.pd_e2e import run_pd_e2e
-from ci.pytest_runs import pytest_command, pytest_environment, test_dist
+from ci.pytest_runs import dist_under_test, pytest_command, pytest_environment
 from ci.release_env import ensure_release_env
 from ci.serve_e2e import RELEASE as SERVE_E2E_RELEASE
 from ci.serve_e2e import run_serve_e2e
@@ -45,7 +45,7 @@ from ci.upstream_tests import (
     patch_upstream_tests,
     prepare_upstream_tests,
     run_upstream_tests,
-    test_environment,
+    upstream_test_environment,
 )
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import REPO_ROOT, cache_root, patches_root
@@ -219,7 +219,7 @@ def our_deselection_args(release: str, path: Path = OURS_DESELECTED) -> list[str
 def refresh_round_trip(series: Series, sdist: Path, cache: Path) -> bool:
     """`vllm-overlay refresh --check` on the inputs the run already fetched:
     True when the series is exactly what a refresh of itself writes."""
-    source = fetch_wheel(series.release, test_dist(series), cache).path
+    source = fetch_wheel(series.release, dist_under_test(series), cache).path
     try:
         differ = check_round_trip(series, source, sdist, patches_root())
     except OverlayError as exc:
@@ -230,11 +230,13 @@ def refresh_round_trip(series: Series, sdist: Path, cache: Path) -> bool:
     return not differ
 
 
-def test_release(version: str, cache: Path, reports: Path) -> Outcome:
+def run_release_steps(version: str, cache: Path, reports: Path) -> Outcome:
+    """Every step of item 2 above for `version`; a failed step is recorded in
+    the outcome and the next one runs."""
     started = time.monotonic()
     outcome = Outcome(version)
     series = release_series(version)
-    outcome.dist = test_dist(series)
+    outcome.dist = dist_under_test(series)
     wheel = build_release(series, outcome.dist, cache / "patched" / version)
     sdist = fetch_sdist_tree(series.release, cache)
     if not refresh_round_trip(series, sdist, cache):
@@ -247,7 +249,7 @@ def test_release(version: str, cache: Path, reports: Path) -> Outcome:
     patch_upstream_tests(series, tests_dir)
     hf_home = cache / "hf-standin"
     write_hf_standin(hf_home, venv / "bin" / "python")
-    env = test_environment(version, cache, hf_home, outcome.dist)
+    env = upstream_test_environment(version, cache, hf_home, outcome.dist)
 
     if check_installed(venv, series, outcome.dist):
         outcome.failures.append("installed build check")
@@ -361,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = []
     for version in args.releases or sorted(pinned_releases(), key=Version):
         try:
-            outcomes.append(test_release(version, cache, reports))
+            outcomes.append(run_release_steps(version, cache, reports))
         except OverlayError as exc:
             report_error(exc)
             outcomes.append(Outcome(version, failures=[str(exc)]))

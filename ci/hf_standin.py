@@ -32,9 +32,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import REPO_ROOT
@@ -204,9 +201,14 @@ def _is_current(hf_home: Path) -> bool:
 
 
 def _write_in(python: Path, hf_home: Path) -> None:
-    """Run this module as a script under `python`."""
+    """Run this module under `python` (`python -m ci.hf_standin HF_HOME`),
+    from the repository root: the environment has neither `ci` nor
+    `vllm_overlay` installed, so they must import from this checkout. The
+    paths are absolute, since the child does not run in the caller's working
+    directory."""
+    command = [str(python.absolute()), "-m", "ci.hf_standin"]
     proc = subprocess.run(
-        [str(python), str(Path(__file__).resolve()), str(hf_home)], check=False
+        [*command, str(hf_home.absolute())], cwd=REPO_ROOT, check=False
     )
     if proc.returncode != 0:
         raise OverlayError(
@@ -364,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     """Write the stand-in hub cache into HF_HOME (the directory given)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: hf_standin.py HF_HOME", file=sys.stderr)
+        print("usage: python -m ci.hf_standin HF_HOME", file=sys.stderr)
         return 2
     write_hf_standin(Path(args[0]))
     return 0

@@ -15,7 +15,7 @@ servers, so every run of the same path computes the same things in the same
 order. The decode server's counters come from its `/metrics`
 (`ci/pd/metrics.py`). Logs are kept under `<cache>/pd-e2e/logs/<release>/`.
 
-Usage: python ci/pd_e2e.py [RELEASE] [--cases KEY ...] [--no-faults]
+Usage: python -m ci.pd_e2e [RELEASE] [--cases KEY ...] [--no-faults]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
 
@@ -27,9 +27,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from http.client import HTTPException
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ci.pd import load
 from ci.pd.bench import BenchResult, Workload, run_bench

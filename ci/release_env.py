@@ -12,7 +12,7 @@ was interrupted has no stamp that matches, and is rebuilt instead of trusted.
 
 Usage by hand::
 
-    python ci/release_env.py 0.32.0 --wheel path/to/vllm-0.32.0+hybridkv.1-....whl
+    python -m ci.release_env 0.32.0 --wheel path/to/vllm-0.32.0+hybridkv.1-....whl
 """
 
 import argparse
@@ -28,9 +28,6 @@ import zipfile
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name

@@ -37,7 +37,7 @@ Logs are kept under `<cache>/serve-e2e/logs/`.
 
 The overlay runs as `python -m vllm_overlay serve` from this checkout.
 
-Usage: python ci/serve_e2e.py [RELEASE] [--methods fork spawn]
+Usage: python -m ci.serve_e2e [RELEASE] [--methods fork spawn]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
 
@@ -52,9 +52,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ci.servers import Server, free_port, server_environment
 from ci.tiny_model import ensure_tiny_model

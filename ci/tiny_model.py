@@ -18,8 +18,9 @@ served by path, so no hub cache or network is involved.
   driver's LMCache case.
 
 Writing one needs `tokenizers`, `torch` and `transformers`:
-`ensure_tiny_model` runs this file as a script under a release environment's
-Python.
+`ensure_tiny_model` runs this module (`python -m ci.tiny_model NAME TARGET`)
+under a release environment's Python, from the repository root, where `ci`
+and `vllm_overlay` import from this checkout.
 """
 
 import hashlib
@@ -30,11 +31,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from ci.hf_standin import Vocabulary, write_random_weights, write_tokenizer
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.locking import exclusive
 
 _COMMON: dict[str, object] = {
@@ -131,9 +130,11 @@ def ensure_tiny_model(name: str, models: Path, python: Path) -> Path:
     with exclusive(models):
         if stamp.is_file() and stamp.read_text().strip() == model_digest(name):
             return target
+        # Absolute paths: the child runs in REPO_ROOT, not in the caller's
+        # working directory.
+        command = [str(python.absolute()), "-m", "ci.tiny_model", name]
         proc = subprocess.run(
-            [str(python), str(Path(__file__).resolve()), name, str(target)],
-            check=False,
+            [*command, str(target.absolute())], cwd=REPO_ROOT, check=False
         )
         if proc.returncode:
             raise OverlayError(f"writing the tiny model into {target} failed")

@@ -34,9 +34,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from packaging.utils import canonicalize_name
 
 from ci.release_env import STAMP as RELEASE_STAMP

@@ -5,9 +5,9 @@ Only the files we run and what they import are copied out of the sdist: pytest
 must not run inside the sdist tree, where `import vllm` would find the sdist's
 uncompiled sources instead of the wheel under test.
 
-Usage by hand (after `ci/release_env.py` built the environment)::
+Usage by hand (after `python -m ci.release_env` built the environment)::
 
-    python ci/upstream_tests.py 0.32.0 [--junit-xml report.xml]
+    python -m ci.upstream_tests 0.32.0 [--junit-xml report.xml]
 """
 
 import argparse
@@ -21,10 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from ci.pytest_runs import PLATFORM_VAR, pytest_command, pytest_environment, test_dist
+from ci.pytest_runs import (
+    PLATFORM_VAR,
+    dist_under_test,
+    pytest_command,
+    pytest_environment,
+)
 from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.series.facts import FACTS_FILE, upstream_test_files
@@ -212,7 +214,7 @@ def _deselection(path: Path, index: int, entry: object) -> Deselection:
     return Deselection(test, tuple(releases), " ".join(reason.split()))
 
 
-def test_environment(
+def upstream_test_environment(
     release: str, cache: Path, hf_home: Path, dist: str
 ) -> dict[str, str]:
     """Environment variables for upstream tests in `release`'s environment,
@@ -241,11 +243,6 @@ def test_environment(
     if dist == "vllm":
         env[PLATFORM_VAR] = "cpu"
     return env
-
-
-# The name is the caller's vocabulary, not a test: keep pytest from collecting
-# it when a test module imports it.
-test_environment.__test__ = False  # type: ignore[attr-defined]
 
 
 def run_upstream_tests(
@@ -288,7 +285,7 @@ def run_upstream_tests(
     # Only our pytest plugins join the path (and, for `worktree`, the checkout's
     # package, which shadows nothing of vLLM): the tests must import the
     # installed vLLM. `env` alone decides the platform variable (see
-    # `test_environment`).
+    # `upstream_test_environment`).
     paths = [PYTEST_PLUGINS, *([REPO_ROOT] if worktree else [])]
     environment = pytest_environment(env, paths)
     return subprocess.run(
@@ -323,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.release not in pins:
         raise OverlayError(f"{args.release} is not a pinned release")
     if not (venv / "bin" / "python").exists():
-        raise OverlayError(f"{venv} does not exist; run ci/release_env.py first")
+        raise OverlayError(f"{venv} does not exist; run python -m ci.release_env first")
     sdist_tree = fetch_sdist_tree(pins[args.release], cache)
     hf_home = cache / "hf-standin"
     write_hf_standin(hf_home, venv / "bin" / "python")
@@ -332,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     series = release_series(args.release)
     patch_upstream_tests(series, tests_dir)
-    env = test_environment(args.release, cache, hf_home, test_dist(series))
+    env = upstream_test_environment(
+        args.release, cache, hf_home, dist_under_test(series)
+    )
     return run_upstream_tests(
         args.release,
         venv,
