@@ -18,6 +18,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 READY_TIMEOUT_S = 300
 STOP_TIMEOUT_S = 60
 # What a vLLM server inherits from the caller must not decide how it runs:
@@ -62,15 +64,14 @@ def free_port() -> int:
 
 
 def session_processes(session: int) -> list[int]:
-    """Live (not zombie) processes of a session, from /proc."""
+    """Live (not zombie) processes of a session."""
     found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
+    for proc in psutil.process_iter(["status"]):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
-        if int(fields[3]) == session and fields[0] != "Z":
-            found.append(int(stat.parent.name))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getsid(proc.pid) == session:
+                found.append(proc.pid)
     return found
 
 
