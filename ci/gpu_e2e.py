@@ -81,6 +81,7 @@ from ci.tiny_model import ensure_tiny_model
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.loader import pinned_releases, release_series
+from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.wheel.builder import build_release
 
@@ -150,7 +151,7 @@ def ensure_env(release: str, cache: Path) -> Path:
     if not (venv / "bin" / "vllm").exists():
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        wheel = fetch_wheel(pin, "vllm", cache).path
+        wheel = fetch_wheel(pin, Dist.VLLM, cache).path
         _pip(venv, "install", str(wheel), "lmcache==0.5.6")
         nixl = str(NIXL_REQUIREMENTS)
         _pip(venv, "install", "--no-deps", "--require-hashes", "-r", nixl)
@@ -429,8 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         runs, loads, singles = [], [], {}
         with tempfile.TemporaryDirectory(prefix="vllm-overlay-gpu-") as tmp:
             wheels = {
-                UNPATCHED: fetch_wheel(pin, "vllm", cache).path,
-                PATCHED: build_release(series, "vllm", Path(tmp)),
+                UNPATCHED: fetch_wheel(pin, Dist.VLLM, cache).path,
+                PATCHED: build_release(series, Dist.VLLM, Path(tmp)),
             }
             mp: dict[str, Single | str] = {}
             for build in (UNPATCHED, PATCHED):

