@@ -32,6 +32,7 @@ from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.facts import FACTS_FILE, upstream_test_files
 from vllm_overlay.series.model import TESTS_DIR, Series
+from vllm_overlay.trees import write_tree
 from vllm_overlay.upstream.applier import apply_series
 
 DESELECTED_FILE = Path(__file__).resolve().parent / "deselected.toml"
@@ -100,10 +101,11 @@ def patch_upstream_tests(series: Series, tests_dir: Path) -> None:
             f"patches/{FACTS_FILE.as_posix()}"
         )
     originals = {f: (tests_dir / f).read_bytes() for f in files}
-    for relative, content in apply_series(series, originals, TESTS_DIR).items():
-        if content is None:
-            raise OverlayError(f"the series deletes upstream test {relative}")
-        (tests_dir / relative).write_bytes(content)
+    patched = apply_series(series, originals, TESTS_DIR)
+    deleted = [relative for relative, content in patched.items() if content is None]
+    if deleted:
+        raise OverlayError(f"the series deletes upstream test {', '.join(deleted)}")
+    write_tree(tests_dir, patched)
 
 
 def _collection_roots(release: str, sdist_tree: Path) -> set[Path]:
