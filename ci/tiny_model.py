@@ -23,6 +23,7 @@ under a release environment's Python, from the repository root, where `ci`
 and `vllm_overlay` import from this checkout.
 """
 
+import argparse
 import hashlib
 import json
 import os
@@ -157,5 +158,17 @@ def write_tiny_model(name: str, target: Path) -> None:
         os.replace(staging, target)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Write the checkpoint NAME into TARGET (what `ensure_tiny_model` runs)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m ci.tiny_model", description=main.__doc__
+    )
+    parser.add_argument("name", choices=sorted(CONFIGS))
+    parser.add_argument("target", type=Path)
+    args = parser.parse_args(argv)
+    write_tiny_model(args.name, args.target)
+    return 0
+
+
 if __name__ == "__main__":
-    write_tiny_model(sys.argv[1], Path(sys.argv[2]))
+    sys.exit(main())
