@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import time
-import zipfile
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
@@ -38,7 +37,12 @@ from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.facts import EnvironmentFacts, environment_facts
 from vllm_overlay.series.pins import Dist
-from vllm_overlay.upstream.fetch import sha256_of
+from vllm_overlay.upstream.fetch import (
+    UNREADABLE,
+    open_wheel,
+    sha256_of,
+    unreadable_wheel,
+)
 
 # Bump whenever the recipe below changes, so that existing environments are
 # rebuilt rather than reused with a stale dependency layer.
@@ -141,18 +145,18 @@ def ensure_release_env(
 def read_wheel(wheel: Path) -> WheelInfo:
     """The wheel's requirements (from its `METADATA`, which must name vLLM)
     and hash."""
-    try:
-        with zipfile.ZipFile(wheel) as archive:
-            names = [
-                n
-                for n in archive.namelist()
-                if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)
-            ]
-            if len(names) != 1:
-                raise OverlayError(f"{wheel.name} has no single dist-info METADATA")
+    with open_wheel(wheel) as archive:
+        names = [
+            n
+            for n in archive.namelist()
+            if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)
+        ]
+        if len(names) != 1:
+            raise OverlayError(f"{wheel.name} has no single dist-info METADATA")
+        try:
             text = archive.read(names[0]).decode("utf-8")
-    except zipfile.BadZipFile:
-        raise OverlayError(f"{wheel} is not a wheel (not a zip archive)") from None
+        except UNREADABLE as exc:
+            raise unreadable_wheel(wheel, f"{names[0]}: {exc}") from None
     headers = HeaderParser().parsestr(text)
     name, version = headers.get("Name"), headers.get("Version")
     if canonicalize_name(name or "") not in tuple(Dist) or not version:

@@ -1,4 +1,5 @@
 import json
+import struct
 import threading
 import zipfile
 from pathlib import Path
@@ -9,7 +10,7 @@ from wheel.wheelfile import WheelFile
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.series.loader import release_series
-from vllm_overlay.upstream.fetch import SourceWheel
+from vllm_overlay.upstream.fetch import SourceWheel, wheel_members
 from vllm_overlay.upstream.record import parse_record, record_hash, record_text
 from vllm_overlay.wheel import builder as wheelbuild
 from vllm_overlay.wheel.builder import build_patched_wheel, build_release
@@ -133,6 +134,34 @@ def test_truncated_wheel_is_a_clear_error(project, tmp_path):
         build_release(release_series(None), "vllm", dist)
     assert "\n" not in str(info.value)
     assert not dist.exists()
+
+
+def damage_member(wheel: Path, name: str, target: Path) -> Path:
+    """A copy of `wheel` with one byte of `name`'s compressed data flipped:
+    its central directory reads, the member does not."""
+    with zipfile.ZipFile(wheel) as archive:
+        info = archive.getinfo(name)
+    data = bytearray(wheel.read_bytes())
+    name_length, extra_length = struct.unpack_from("<HH", data, info.header_offset + 26)
+    start = info.header_offset + 30 + name_length + extra_length
+    data[start + info.compress_size // 2] ^= 0xFF
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(bytes(data))
+    return target
+
+
+def test_a_damaged_member_is_a_clear_error(project, tmp_path):
+    wheel = project.cache / "wheels" / f"vllm-{RELEASE}-cp38-abi3-linux_x86_64.whl"
+    broken = damage_member(wheel, SCHEDULER, project.workdir / "broken" / wheel.name)
+    project.pin([("vllm", broken)])
+    for read in (
+        lambda: wheel_members(broken, [SCHEDULER]),
+        lambda: build_release(release_series(None), "vllm", tmp_path / "dist"),
+    ):
+        with pytest.raises(OverlayError, match="corrupted or truncated") as info:
+            read()
+        assert "\n" not in str(info.value)
+    assert not (tmp_path / "dist").exists()
 
 
 def test_unwritable_output_is_a_clear_error(project, tmp_path):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,24 +38,41 @@ def sha256_of(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
+# What reading a damaged wheel raises: at opening (a missing or truncated
+# central directory), or at reading a member (a bad CRC or deflate stream).
+UNREADABLE = (zipfile.BadZipFile, zlib.error, EOFError, OSError)
+
+
+def unreadable_wheel(wheel: Path, why: object) -> OverlayError:
+    """The one error for a wheel that cannot be read."""
+    return OverlayError(
+        f"{wheel} is not a readable wheel (corrupted or truncated?): {why}"
+    )
+
+
+def open_wheel(wheel: Path) -> zipfile.ZipFile:
+    """The wheel as an open archive, or `unreadable_wheel`."""
+    try:
+        return zipfile.ZipFile(wheel)
+    except UNREADABLE as exc:
+        raise unreadable_wheel(wheel, exc) from None
+
+
 def wheel_members(wheel: Path, names: Iterable[str]) -> dict[str, bytes]:
     """The bytes of those of `names` the wheel holds (a file a patch creates
-    is absent upstream); a wheel that cannot be read is an `OverlayError`."""
-    try:
-        with zipfile.ZipFile(wheel) as archive:
-            present = set(archive.namelist())
+    is absent upstream)."""
+    with open_wheel(wheel) as archive:
+        present = set(archive.namelist())
+        try:
             return {name: archive.read(name) for name in names if name in present}
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise OverlayError(f"{wheel}: not a readable wheel ({exc})") from None
+        except UNREADABLE as exc:
+            raise unreadable_wheel(wheel, exc) from None
 
 
 def wheel_names(wheel: Path) -> list[str]:
     """The names of every member of the wheel, as `wheel_members` reads it."""
-    try:
-        with zipfile.ZipFile(wheel) as archive:
-            return archive.namelist()
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise OverlayError(f"{wheel}: not a readable wheel ({exc})") from None
+    with open_wheel(wheel) as archive:
+        return archive.namelist()
 
 
 @dataclass(frozen=True)

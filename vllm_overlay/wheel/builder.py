@@ -16,7 +16,6 @@ output directory.
 
 import json
 import zipfile
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,13 @@ from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 from vllm_overlay.series.model import PACKAGE_DIR, Series
 from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.applier import apply_series
-from vllm_overlay.upstream.fetch import SourceWheel, fetch_wheel
+from vllm_overlay.upstream.fetch import (
+    UNREADABLE,
+    SourceWheel,
+    fetch_wheel,
+    open_wheel,
+    unreadable_wheel,
+)
 from vllm_overlay.upstream.record import parse_record, record_hash, record_text
 from vllm_overlay.wheel.raw_zip import copy_raw
 
@@ -53,13 +58,7 @@ def build_patched_wheel(source: SourceWheel, series: Series, out_dir: Path) -> P
     Everything that can fail on bad input (a corrupt wheel, a patch that does
     not apply exactly) fails before the output file is opened.
     """
-    try:
-        archive = zipfile.ZipFile(source.path)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise OverlayError(
-            f"{source.path} is not a readable wheel (corrupted or truncated?): {exc}"
-        ) from None
-    with archive:
+    with open_wheel(source.path) as archive:
         plan = _plan(archive, source, series)
         name = patched_wheel_name(source.path.name, plan.version)
         try:
@@ -176,10 +175,8 @@ def _read_member(archive: zipfile.ZipFile, source: SourceWheel, name: str) -> by
         return archive.read(name)
     except KeyError:
         raise OverlayError(f"{source.path} has no {name}") from None
-    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-        raise OverlayError(
-            f"{source.path} is corrupted or truncated ({name}: {exc})"
-        ) from None
+    except UNREADABLE as exc:
+        raise unreadable_wheel(source.path, f"{name}: {exc}") from None
 
 
 def _check_recorded(
