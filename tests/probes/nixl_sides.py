@@ -45,13 +45,14 @@ def prefill_side_block_ids(
     return scheduler.kv_cache_manager.get_block_ids("prefill")
 
 
-def prefill_side_sent_block_ids(
+def prefill_side_transfer_params(
     scheduler: Scheduler, num_tokens: int
-) -> tuple[list[int], ...]:
-    """The block ids a prefill instance puts in the `remote_block_ids` it
-    sends for a prompt of `num_tokens` once it computed all but the last
-    token: what its KV cache manager holds, as `Scheduler` hands it to
-    NixlConnector's `request_finished_all_groups` when the request ends."""
+) -> dict[str, Any]:
+    """The `kv_transfer_params` a prefill instance answers with for a prompt
+    of `num_tokens` once it computed all but the last token, which upstream's
+    proxy hands the decode instance: what NixlConnector's
+    `request_finished_all_groups` returns when `Scheduler` finishes the
+    request with the blocks its KV cache manager holds."""
     request = generation_request("prefill", prompt(num_tokens)[:-1])
     request.kv_transfer_params = {"do_remote_decode": True}
     manager = scheduler.kv_cache_manager
@@ -63,6 +64,16 @@ def prefill_side_sent_block_ids(
         request, manager.get_block_ids("prefill")
     )
     assert delay_free and params is not None
+    return params
+
+
+def prefill_side_sent_block_ids(
+    scheduler: Scheduler, num_tokens: int
+) -> tuple[list[int], ...]:
+    """The block ids a prefill instance puts in the `remote_block_ids` it
+    sends for a prompt of `num_tokens` once it computed all but the last
+    token."""
+    params = prefill_side_transfer_params(scheduler, num_tokens)
     return tuple(list(ids) for ids in params["remote_block_ids"])
 
 
