@@ -73,7 +73,7 @@ LOAD_PROMPTS = make_prompts(count=IN_FLIGHT, seed=24)
 # How long case 5 waits for a first token before it kills the prefill
 # server anyway.
 FIRST_TOKEN_WAIT_S = 60
-# vLLM's kv_lease_duration (nixl/base_scheduler.py:83-85 in 0.32.0), which
+# vLLM's kv_lease_duration (nixl/base_scheduler.py:82-86 in 0.32.0), which
 # the pair keeps; case 6 holds a prefill answer back this long and a margin.
 LEASE_S = 30
 LEASE_OVERRUN_S = 3

@@ -7,7 +7,7 @@ releases them (`_reap_expired_send_leases`, nixl/base_worker.py:3014-3040 in
 0.32.0). Upstream the decode side checks no deadline for them: a NIXL read is
 one-sided, so a read issued after the lease ran out takes whatever the
 released blocks hold by then, the prefill side only logs "Potentially
-invalid KV blocks" (nixl/pull_worker.py:664-671), and the request answers
+invalid KV blocks" (nixl/pull_worker.py:662-672), and the request answers
 with HTTP 200 (seen under load: README, "Under load"). Only the turn-2
 readback of bidirectional transfer declines an expired read
 (`_is_turn2_read_expired`, :125-134). Patched, the prefill side exports its
