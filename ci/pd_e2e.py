@@ -31,6 +31,7 @@ from pathlib import Path
 from ci.pd import load
 from ci.pd.bench import BenchResult, Workload, run_bench
 from ci.pd.cases import (
+    CASE_BY_KEY,
     CASES,
     FLOAT32_MODELS,
     MODEL_ARGS,
@@ -273,13 +274,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cases",
         nargs="+",
-        choices=[case.key for case in CASES],
-        help="run only these cases (default: all)",
+        choices=list(CASE_BY_KEY),
+        help="run these cases (default: every case of the e2e release)",
     )
     parser.add_argument("--no-faults", action="store_true", help="skip the fault cases")
     parser.add_argument("--no-load", action="store_true", help="skip the load runs")
     args = parser.parse_args(argv)
-    cases = [case for case in CASES if not args.cases or case.key in args.cases]
+    cases = [CASE_BY_KEY[key] for key in args.cases] if args.cases else list(CASES)
     try:
         suite = run_pd_e2e(
             args.release,

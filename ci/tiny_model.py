@@ -11,6 +11,11 @@ served by path, so no hub cache or network is involved.
   attention) layers to one full-attention layer. Its linear-attention head
   size is 128: vLLM's CPU Gated DeltaNet kernel rejects smaller ones; and it
   is bfloat16, the only dtype that kernel takes.
+- `tiny-qwen3-next`: the same hybrid layout in Qwen3-Next's architecture,
+  for vLLM 0.22.1, which has no text-only Qwen3.5 (`Qwen3_5ForCausalLM`
+  came in 0.31.0). Qwen3-Next's vLLM model needs at least one mixture-of-
+  experts layer (it raises "No Qwen3Next layer found" otherwise), so each
+  layer's MLP is a small MoE: four experts, two per token, and a shared one.
 - `tiny-nemotron-h`: a Mamba2 hybrid in Nemotron-H's layout (Mamba2, MLP,
   Mamba2, attention, MLP), float32.
 - `tiny-gemma3`: sliding-window and full attention in Gemma 3's layout (a
@@ -73,6 +78,26 @@ CONFIGS: dict[str, dict[str, object]] = {
         "linear_value_head_dim": 128,
         "linear_conv_kernel_dim": 4,
         "rms_norm_eps": 1e-06,
+    },
+    "tiny-qwen3-next": {
+        **_COMMON,
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "head_dim": 64,
+        "num_hidden_layers": 4,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 2,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "rms_norm_eps": 1e-06,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 128,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
     },
     "tiny-nemotron-h": {
         **_COMMON,

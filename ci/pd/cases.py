@@ -32,6 +32,18 @@ The decode side varies; the prefill side is always plain NixlConnector.
    diverged hit, so the patched build counts what upstream counts: the whole
    prompt, recurrent state included, comes over NIXL.
 
+On vLLM 0.22.1 (`pd_core_cases` in patches/vllm/release-facts.toml) only
+`dense-multi` runs: no hybrid of 0.22.1 serves over NIXL on every machine of
+this kind. Among its recurrent layers only Qwen's GatedDeltaNet has CPU
+kernels (mamba/ops/cpu/), and 0.22.1's NIXL worker refuses a hybrid unless
+the conv state is stored dim-first ("3-read Mamba conv transfer requires DS
+conv state layout", nixl/worker.py:250-259 there), while its CPU platform
+forces the other layout on a CPU with AMX tiles
+(`VLLM_SSM_CONV_STATE_LAYOUT=SD`, vllm/platforms/cpu.py:229-231, whatever the
+user set) and turns prefix caching off there for linear attention
+(:150-162). Machines of this kind differ in AMX, so 0.22.1's hybrid P/D
+cases are left to the GPU driver (ci/gpu_e2e.py).
+
 The GatedDeltaNet hybrid is bfloat16: the CPU Gated DeltaNet kernel takes
 nothing else (ops/cpu/gdn_attention.py:158). Its random logits are close and
 a P/D pair rounds differently from a single server, so the verdict compares
@@ -49,6 +61,7 @@ from dataclasses import dataclass, field
 from ci.pd.completions import Completion, compare
 from ci.pd.metrics import DecodeCounts
 from ci.pd.pair import DROP_IN, NIXL, PATCHED, UNPATCHED
+from vllm_overlay.errors import OverlayError
 
 HYBRID, DENSE, MAMBA2 = "tiny-qwen3.5", "tiny-llama", "tiny-nemotron-h"
 # The models served in float32, whose greedy output is an exact oracle under
@@ -155,9 +168,17 @@ CASES = (
     Case("mamba2-multi", MAMBA2, multi(NIXL, DECODE_BENCH), prefix_caching=False),
 )
 CASE_BY_KEY = {case.key: case for case in CASES}
-# What `pd_core_releases` (patches/vllm/release-facts.toml) run: upstream's
-# P/D and the layout the P/D patch is for, with the drop-in.
-CORE_CASES = (CASE_BY_KEY["hybrid-nixl"], CASE_BY_KEY["hybrid-multi"])
+
+
+def cases_named(keys: Sequence[str], where: str) -> tuple[Case, ...]:
+    """The cases of `keys` (as `where` names them), in that order."""
+    unknown = [key for key in keys if key not in CASE_BY_KEY]
+    if unknown:
+        raise OverlayError(
+            f"{where} names unknown P/D cases: {', '.join(unknown)} "
+            f"(known: {', '.join(CASE_BY_KEY)})"
+        )
+    return tuple(CASE_BY_KEY[key] for key in keys)
 
 
 @dataclass
@@ -336,6 +357,25 @@ RELATIONS: tuple[
         (PATCHED, "mamba2-multi"),
         (UNPATCHED, "mamba2-multi"),
         counts_as,
+    ),
+    # The GPU driver's 0.22.1 cases (ci/gpu_e2e.py: SEED_PD_CASES).
+    (
+        "unpatched: 0.22.1's NixlConnector re-pulls the local prefix (control)",
+        (UNPATCHED, "seed-nixl"),
+        (PATCHED, "seed-nixl"),
+        re_pulls,
+    ),
+    (
+        "patched: 0.22.1's MultiConnector reuses as its NixlConnector does",
+        (PATCHED, "seed-multi"),
+        (PATCHED, "seed-nixl"),
+        reuses_as,
+    ),
+    (
+        "unpatched: 0.22.1's MultiConnector re-pulls the local prefix (control)",
+        (UNPATCHED, "seed-multi"),
+        (PATCHED, "seed-nixl"),
+        re_pulls,
     ),
 )
 

@@ -14,7 +14,7 @@ from ci.gpu_e2e import (
     judge_mp,
     judge_single,
 )
-from ci.pd.cases import UNIFY_REFUSAL
+from ci.pd.cases import UNIFY_REFUSAL, Run, checks
 from ci.pd.completions import Completion
 from ci.pd.metrics import DecodeCounts
 from ci.pd.pair import PATCHED, UNPATCHED
@@ -104,4 +104,57 @@ def test_lmcache_mp_must_hit_answer_alike_and_count_as_upstream() -> None:
     assert failed == [
         f"gpu: {HYBRID}: LMCacheMPConnector hits on the repeat",
         f"gpu: {HYBRID}: LMCacheMPConnector counts as upstream (scope)",
+    ]
+
+
+def test_0_22_1_runs_the_seed_decode_side_reuse_case() -> None:
+    """Before 0.23.0 the series carries the seed's NIXL backports; their reuse
+    case needs prefix caching, which Qwen3-Next only has in "align" mode
+    (where upstream 0.22.1's decode worker dies), so it runs on the Mamba2
+    hybrid in "all" mode."""
+    seed = gpu_e2e.pd_cases("0.22.1")
+    assert [case.key for case in seed] == ["seed-nixl", "seed-multi"]
+    assert {case.model for case in seed} == {"tiny-nemotron-h"}
+    assert all(case.prefix_caching for case in seed)
+    assert gpu_e2e.SEED_MODEL_ARGS["tiny-nemotron-h"] == ("--mamba-cache-mode", "all")
+    assert gpu_e2e.pd_env("0.22.1") == {"VLLM_SSM_CONV_STATE_LAYOUT": "DS"}
+    assert gpu_e2e.pd_env("0.32.0") == {}
+    assert [case.key for case in gpu_e2e.pd_cases("0.31.0")] == [
+        "hybrid-nixl",
+        "hybrid-multi",
+    ]
+
+
+def test_seed_reuse_verdicts_fail_an_unpatched_reuse_and_a_patched_re_pull() -> None:
+    by_case = {case.key: case for case in gpu_e2e.pd_cases("0.22.1")}
+
+    def run(build, key, reused):
+        return Run(
+            build,
+            by_case[key],
+            DecodeCounts(
+                reused,
+                6000 - reused,
+                4,
+                6000,
+                reused,
+                6000 - reused,
+                6000 - reused,
+                0,
+                1.0,
+                4,
+            ),
+            list(ANSWERS),
+        )
+
+    good = [
+        run(UNPATCHED, "seed-nixl", 0),
+        run(PATCHED, "seed-nixl", 3456),
+        run(UNPATCHED, "seed-multi", 0),
+        run(PATCHED, "seed-multi", 3456),
+    ]
+    assert all(check.ok for check in checks(good)), checks(good)
+    bad = [*good[:3], run(PATCHED, "seed-multi", 0)]
+    assert [c.name for c in checks(bad) if not c.ok] == [
+        "patched: 0.22.1's MultiConnector reuses as its NixlConnector does"
     ]

@@ -15,6 +15,7 @@ from ci.pd.cases import (
     CASES,
     UNIFY_REFUSAL,
     Run,
+    cases_named,
     checks,
     compare_with_references,
     connector_name,
@@ -23,6 +24,7 @@ from ci.pd.completions import Completion, compare, make_prompts, parse_completio
 from ci.pd.metrics import DecodeCounts, decode_counts, metric_sum, parse_metrics
 from ci.pd.pair import DROP_IN, PATCHED, UNPATCHED, Layout, Pair, serve_command
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.series.facts import pd_core_cases
 
 # Shaped like vLLM 0.32.0's exposition: HELP/TYPE comments, counters with
 # `_total` and `_created`, a histogram's `_sum`, label values with commas.
@@ -394,3 +396,10 @@ def test_a_pair_whose_handshake_keeps_failing_is_an_error(
 def test_the_handshake_prompt_shares_no_block_with_the_suite() -> None:
     prompts = make_prompts()
     assert all(pair_module.HANDSHAKE_PROMPT[:16] != prompt[:16] for prompt in prompts)
+
+
+def test_the_release_facts_name_known_cases_and_an_unknown_one_is_refused() -> None:
+    for release, keys in pd_core_cases().items():
+        assert [case.key for case in cases_named(keys, release)] == list(keys)
+    with pytest.raises(OverlayError, match="facts names unknown P/D cases: nope"):
+        cases_named(["hybrid-nixl", "nope"], "facts")

