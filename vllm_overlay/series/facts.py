@@ -68,8 +68,7 @@ def serve_e2e_releases(root: Path | None = None) -> tuple[str, ...]:
     releases = _facts(root).get("serve_e2e_releases", [])
     if not isinstance(releases, list) or not all(isinstance(r, str) for r in releases):
         raise OverlayError(
-            f"{root / FACTS_FILE}: serve_e2e_releases must be a list of release "
-            "strings"
+            f"{root / FACTS_FILE}: serve_e2e_releases must be a list of release strings"
         )
     return tuple(_cpu_release(root, "serve_e2e_releases", r) for r in releases)
 
