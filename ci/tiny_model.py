@@ -55,6 +55,19 @@ _COMMON: dict[str, object] = {
     "torch_dtype": "bfloat16",
     "vocab_size": 2048,
 }
+# Three Gated DeltaNet layers to one full-attention layer, as Qwen3.5 and
+# Qwen3-Next lay them out.
+_GDN_LAYOUT: dict[str, object] = {
+    "head_dim": 64,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 2,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "rms_norm_eps": 1e-06,
+}
 CONFIGS: dict[str, dict[str, object]] = {
     "tiny-llama": {
         **_COMMON,
@@ -69,29 +82,13 @@ CONFIGS: dict[str, dict[str, object]] = {
         **_COMMON,
         "architectures": ["Qwen3_5ForCausalLM"],
         "model_type": "qwen3_5_text",
-        "head_dim": 64,
-        "num_hidden_layers": 4,
-        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 2,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_conv_kernel_dim": 4,
-        "rms_norm_eps": 1e-06,
+        **_GDN_LAYOUT,
     },
     "tiny-qwen3-next": {
         **_COMMON,
         "architectures": ["Qwen3NextForCausalLM"],
         "model_type": "qwen3_next",
-        "head_dim": 64,
-        "num_hidden_layers": 4,
-        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 2,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_conv_kernel_dim": 4,
-        "rms_norm_eps": 1e-06,
+        **_GDN_LAYOUT,
         "num_experts": 4,
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 128,
