@@ -106,14 +106,14 @@ class Suite:
 
 def run_reference(
     layout: Layout,
-    model: str,
-    prefix_caching: bool,
+    case: Case,
     prompts: Sequence[list[int]],
     with_load: bool = False,
 ) -> tuple[list[Completion], BenchResult | None]:
-    """One unpatched server of `model` without a connector: the expected
-    output, and if `with_load` its run of the load workload, the
-    yardstick."""
+    """One unpatched server of `case`'s model without a connector, with the
+    case's prefix caching and host: the expected output, and if `with_load`
+    its run of the load workload, the yardstick."""
+    model = case.model
     with ExitStack() as stack:
         server, port = start_vllm(
             stack,
@@ -122,7 +122,8 @@ def run_reference(
             model,
             f"reference-{model}",
             None,
-            prefix_caching=prefix_caching,
+            prefix_caching=case.prefix_caching,
+            host_env=case.env,
         )
         wait_all([(server, port, "/health")])
         try:
@@ -169,6 +170,7 @@ def run_case(
                 case.key,
                 case.prefix_caching,
                 case.decode_args,
+                host_env=case.env,
             )
             before = latest = scrape(pair.decode_port)
             model = layout.models[case.model]
@@ -246,9 +248,7 @@ def run_pd_e2e(
     references = {}
     for case in {case.model: case for case in cases}.values():
         loaded = with_load and any(c.load for c in cases if c.model == case.model)
-        references[case.model], yardstick = run_reference(
-            layout, case.model, case.prefix_caching, prompts, loaded
-        )
+        references[case.model], yardstick = run_reference(layout, case, prompts, loaded)
         if yardstick is not None:
             suite.yardsticks[case.model] = yardstick
     for case in cases:

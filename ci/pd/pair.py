@@ -13,7 +13,7 @@ own and is stopped by its id (`ci/servers.py`), whatever happens.
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from http.client import HTTPException
@@ -101,10 +101,11 @@ def start_vllm(
     cores: str = "auto",
     prefix_caching: bool = True,
     extra_args: Sequence[str] = (),
+    host_env: Mapping[str, str] | None = None,
 ) -> tuple[Server, int]:
     """A server of `build`, its OpenMP threads bound to `cores` (vLLM's own
-    choice by default), with a NIXL side channel of its own; its log is
-    `<logs>/<name>.log`."""
+    choice by default), with a NIXL side channel of its own and `host_env`
+    (a case's host pin) on top; its log is `<logs>/<name>.log`."""
     port = free_port()
     env = server_environment(layout.vllm_cache)
     env.update(
@@ -113,6 +114,7 @@ def start_vllm(
         VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
         VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()),
     )
+    env.update(host_env or {})
     command = serve_command(
         layout, build, model, port, kv_config, prefix_caching, extra_args
     )
@@ -153,11 +155,12 @@ def start_pair(
     prefix_caching: bool = True,
     decode_args: Sequence[str] = (),
     prefill_config: dict[str, object] = NIXL,
+    host_env: Mapping[str, str] | None = None,
 ) -> Pair:
     """A prefill server (`prefill_config`: plain NixlConnector), a decode
     server with `decode_config` (and `decode_args`: the load case's cache
-    cap) and the proxy in front, all ready; logs named
-    `<build>-<role>-<tag>.log`."""
+    cap), both with `host_env`, and the proxy in front, all ready; logs
+    named `<build>-<role>-<tag>.log`."""
     prefill, prefill_port = start_vllm(
         stack,
         layout,
@@ -167,6 +170,7 @@ def start_pair(
         prefill_config,
         PREFILL_CORES,
         prefix_caching,
+        host_env=host_env,
     )
     decode, decode_port = start_vllm(
         stack,
@@ -178,6 +182,7 @@ def start_pair(
         DECODE_CORES,
         prefix_caching,
         decode_args,
+        host_env,
     )
     proxy_port = free_port()
     proxy = start(

@@ -4,7 +4,11 @@ with the reference, and the verdicts. The servers themselves run in
 `tools/test.sh`."""
 
 import math
+import os
+import subprocess
+import sys
 from http.client import IncompleteRead
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -396,6 +400,111 @@ def test_a_pair_whose_handshake_keeps_failing_is_an_error(
 def test_the_handshake_prompt_shares_no_block_with_the_suite() -> None:
     prompts = make_prompts()
     assert all(pair_module.HANDSHAKE_PROMPT[:16] != prompt[:16] for prompt in prompts)
+
+
+def qwen3_next_runs(**changes: Run) -> list[Run]:
+    """The runs of 0.22.1's Qwen3-Next cases, keyed as `runs`: the whole
+    prompt pulled on every build."""
+    made = {
+        f"{build}/{key}": Run(
+            build, CASE_BY_KEY[key], counts(0, 5996), list(OTHER_REFERENCE)
+        )
+        for key in ("qwen3-next-nixl", "qwen3-next-multi")
+        for build in (UNPATCHED, PATCHED)
+    }
+    made.update(changes)
+    compare_with_references({"tiny-qwen3-next": OTHER_REFERENCE}, list(made.values()))
+    return list(made.values())
+
+
+def test_the_qwen3_next_cases_pass_when_every_build_counts_alike() -> None:
+    results = checks(qwen3_next_runs())
+    assert all(r.ok for r in results), [str(r) for r in results if not r.ok]
+    assert [r.name for r in results if "upstream counts" in r.name] == [
+        "patched: 0.22.1's Gated DeltaNet hybrid counts what upstream counts",
+        "patched: its MultiConnector counts what upstream counts (scope)",
+    ]
+
+
+def test_a_patched_qwen3_next_multi_connector_that_counts_otherwise_fails() -> None:
+    made = qwen3_next_runs(
+        **{
+            "patched/qwen3-next-multi": Run(
+                PATCHED,
+                CASE_BY_KEY["qwen3-next-multi"],
+                counts(2048, 3948),
+                list(OTHER_REFERENCE),
+            )
+        }
+    )
+    assert failed(made) == [
+        "patched: its MultiConnector counts what upstream counts (scope)"
+    ]
+
+
+def test_the_qwen3_next_cases_are_not_the_e2e_releases_and_pin_their_host() -> None:
+    for key in ("qwen3-next-nixl", "qwen3-next-multi"):
+        case = CASE_BY_KEY[key]
+        assert case not in CASES
+        assert not case.prefix_caching
+        assert case.env["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS"
+        assert (Path(case.env["PYTHONPATH"]) / "sitecustomize.py").is_file()
+    assert all(not case.env for case in CASES)
+
+
+def fake_torch(root: Path, amx: bool) -> Path:
+    """A stand-in `torch` package whose `torch.cpu` answers `amx`: the
+    function vLLM 0.22.1 asks (torch/cpu/__init__.py in torch 2.11)."""
+    package = root / "torch"
+    (package / "cpu").mkdir(parents=True)
+    (package / "__init__.py").write_text("from torch import cpu\n")
+    (package / "cpu" / "__init__.py").write_text(
+        f"def _is_amx_tile_supported():\n    return {amx}\n"
+    )
+    return root
+
+
+ASK_TORCH = (
+    "import sys; imported = 'torch' in sys.modules; import torch; "
+    "print(imported, torch.cpu._is_amx_tile_supported())"
+)
+
+
+def test_the_host_pin_hides_amx_tiles_without_importing_torch(tmp_path) -> None:
+    torch_root = fake_torch(tmp_path, amx=True)
+    pin = CASE_BY_KEY["qwen3-next-nixl"].env["PYTHONPATH"]
+
+    def ask(*path: str) -> str:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+        return subprocess.run(
+            [sys.executable, "-c", ASK_TORCH],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    assert ask(str(torch_root)) == "False True"
+    assert ask(pin, str(torch_root)) == "False False"
+
+
+def test_a_cases_host_pin_reaches_its_servers(monkeypatch, tmp_path) -> None:
+    started = []
+    monkeypatch.setattr(
+        pair_module, "start", lambda stack, command, env, log: started.append(env)
+    )
+    layout = Layout(
+        envs={UNPATCHED: tmp_path},
+        models={"m": tmp_path / "m"},
+        proxy=tmp_path / "proxy.py",
+        logs=tmp_path,
+        vllm_cache=tmp_path,
+    )
+    pin = CASE_BY_KEY["qwen3-next-nixl"].env
+    pair_module.start_vllm(None, layout, UNPATCHED, "m", "a", None, host_env=pin)  # type: ignore[arg-type]
+    pair_module.start_vllm(None, layout, UNPATCHED, "m", "b", None)  # type: ignore[arg-type]
+    assert {k: started[0][k] for k in pin} == pin
+    assert "PYTHONPATH" not in started[1]
 
 
 def test_the_release_facts_name_known_cases_and_an_unknown_one_is_refused() -> None:
