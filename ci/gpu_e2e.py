@@ -42,16 +42,17 @@ with the tiny random-weight models of `ci/tiny_model.py`:
 On vLLM 0.22.1 the hybrid is Qwen3-Next's layout (`gdn_hybrid` in
 patches/vllm/release-facts.toml; 0.22.1 has no text-only Qwen3.5), and case 1
 is the seed's decode-side reuse, which the CPU suite cannot run for 0.22.1
-(no 0.22.1 hybrid serves over NIXL or with prefix caching on every CPU of its
-kind; see ci/pd/cases.py): P/D of the tiny Nemotron-H (Mamba2, float32) with
-prefix caching in Mamba "all" mode and `VLLM_SSM_CONV_STATE_LAYOUT=DS` (which
-0.22.1's NIXL worker requires of a hybrid), plain NixlConnector and the
-MultiConnector layout. Upstream 0.22.1 takes the common hit over all groups, zero for a
-decode request, so its NixlConnector pulls the whole prompt again; the
-patched build (the 0.22.1 backports) reuses the local prefix and pulls the
-rest, and answers exactly what upstream does. (Qwen3-Next has only "align"
-mode, where upstream 0.22.1's decode worker dies at the first transfer, on
-the assert the `nixl-worker-hybrid-partial-hit` probe names.)
+(only Qwen's Gated DeltaNet has CPU kernels in 0.22.1, and Qwen3-Next cannot
+carry the case, as said below; see ci/pd/cases.py): P/D of the tiny Nemotron-H
+(Mamba2, float32) with prefix caching in Mamba "all" mode and
+`VLLM_SSM_CONV_STATE_LAYOUT=DS` (which 0.22.1's NIXL worker requires of a
+hybrid), plain NixlConnector and the MultiConnector layout. Upstream 0.22.1
+takes the common hit over all groups, zero for a decode request, so its
+NixlConnector pulls the whole prompt again; the patched build (the 0.22.1
+backports) reuses the local prefix and pulls the rest, and answers exactly what
+upstream does. (Qwen3-Next has only "align" mode, where upstream 0.22.1's
+decode worker dies at the first transfer, on the assert the
+`nixl-worker-hybrid-partial-hit` probe names.)
 
 Nothing here runs without an NVIDIA GPU: it says so and exits 0 (exit 1 with
 `--require-gpu`, for a GPU runner). This driver has never run on a GPU in this

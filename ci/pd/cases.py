@@ -48,12 +48,13 @@ vllm/platforms/cpu.py:229-231, whatever the user set) and turns prefix
 caching off there for linear attention (:150-162). Machines of this kind
 differ in AMX, so case 6 pins the host: its servers see no AMX tiles
 (`ci/pd/no_amx/sitecustomize.py`) and store the conv state dim-first, as a
-user on a CPU without AMX runs them. On a CPU with AMX a user cannot run a
-0.22.1 hybrid over NIXL at all. Prefix caching stays off: on 0.22.1 a Gated
-DeltaNet hybrid caches only in `mamba_cache_mode` "align", where upstream's
-decode worker dies at its first transfer, so the seed's decode-side reuse
-cases are left to the GPU driver (ci/gpu_e2e.py). Among 0.22.1's recurrent
-layers only Qwen's Gated DeltaNet has CPU kernels (mamba/ops/cpu/).
+user on a CPU without AMX runs them (setting DS, as the refusal says). On a
+CPU with AMX a user cannot run a 0.22.1 hybrid over NIXL at all. Prefix
+caching stays off: on 0.22.1 a Gated DeltaNet hybrid caches only in
+`mamba_cache_mode` "align", where upstream's decode worker dies at its first
+transfer, so the seed's decode-side reuse cases are left to the GPU driver
+(ci/gpu_e2e.py). Among 0.22.1's recurrent layers only Qwen's Gated DeltaNet
+has CPU kernels (mamba/ops/cpu/).
 
 The GatedDeltaNet hybrid is bfloat16: the CPU Gated DeltaNet kernel takes
 nothing else (ops/cpu/gdn_attention.py:158). Its random logits are close and

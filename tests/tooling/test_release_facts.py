@@ -65,7 +65,7 @@ def test_a_bad_facts_file_is_one_line_naming_it(root, text, message):
 
 
 def test_the_pd_core_cases_and_serve_releases_are_pinned_cpu_releases(root):
-    assert set(pd_core_cases(REPO_PATCHES)) == {"0.31.0", "0.22.1"}
+    assert set(pd_core_cases(REPO_PATCHES)) == {"0.22.1"}
     assert serve_e2e_releases(REPO_PATCHES) == ("0.22.1",)
     (root / FACTS_FILE).write_text('e2e_release = "0.32.0"\n')
     assert pd_core_cases(root) == {}
