@@ -291,3 +291,12 @@ def vllm_log_records() -> Iterator[list[logging.LogRecord]]:
         yield handler.records
     finally:
         vllm_logger.removeHandler(handler)
+
+
+@pytest.fixture
+def nixl_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NIXL's worker built on an emulated host (`nixl_cpu_worker`), which
+    imports NIXL's worker module only for the probes that use it."""
+    from nixl_cpu_worker import stand_in_nixl
+
+    stand_in_nixl(monkeypatch)
