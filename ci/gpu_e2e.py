@@ -4,9 +4,10 @@ for users' GPU runners (`.github/workflows/ci.yml`, job `gpu`).
 It builds the release's patched CUDA wheel with the builder `tools/apply.sh`
 uses, makes one environment under `<cache>/gpu-e2e/<release>/` (the pinned,
 verified `vllm` wheel with its dependencies from the index, lmcache 0.5.6 and
-NIXL 1.4.1), runs every case on the unpatched release, installs the patched
-wheel over it with `--no-deps` as README tells users, and runs them again,
-with the tiny random-weight models of `ci/tiny_model.py`:
+NIXL at the release's version, each with its dependencies), runs every case on
+the unpatched release, installs the patched wheel over it with `--no-deps` as
+README tells users, and runs them again, with the tiny random-weight models of
+`ci/tiny_model.py`:
 
 1. `pd-offload`: P/D of the tiny Qwen3.5 hybrid behind upstream's toy proxy,
    the decode side behind MultiConnector[NixlConnector, OffloadingConnector]
@@ -76,6 +77,7 @@ from dataclasses import dataclass, replace
 from http.client import HTTPException
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from ci.pd import load
@@ -93,11 +95,11 @@ from ci.pd.completions import Completion, complete, make_prompts
 from ci.pd.metrics import DecodeCounts, decode_counts, scrape, settled_metrics
 from ci.pd.pair import PATCHED, UNPATCHED, Layout, start, start_vllm, wait_all
 from ci.pd_e2e import TOY_PROXY, run_case
-from ci.release_env import NIXL_REQUIREMENTS
+from ci.release_env import nixl_file, pinned_requirements
 from ci.servers import Server, free_port, server_environment
 from ci.tiny_model import ensure_tiny_model
 from vllm_overlay.errors import OverlayError, report_error
-from vllm_overlay.locations import REPO_ROOT, cache_root
+from vllm_overlay.locations import cache_root
 from vllm_overlay.series.facts import environment_facts, gdn_hybrid
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.pins import Dist
@@ -185,31 +187,31 @@ def _pip(venv: Path, *args: str) -> None:
 
 def ensure_env(release: str, cache: Path) -> Path:
     """`<cache>/gpu-e2e/<release>/venv`: the pinned, verified `vllm` wheel
-    with its dependencies from the index, lmcache 0.5.6 (with its own
-    dependencies: on a GPU they are the real ones) and NIXL 1.4.1 the way
-    the CPU environments get it (`ci/nixl-requirements.txt`, and for a
-    release whose torch is CUDA 13, 0.22.1's 2.11.0, the build its `nixl`
-    meta package loads: `test_env.cuda_torch` in the release facts)."""
+    with its dependencies from the index, lmcache 0.5.6 and the `nixl` meta
+    package with theirs (on a GPU they are the real ones), as a user installs
+    them. NIXL is taken at the version of the release's CPU environment
+    (`ci.release_env.nixl_file`: 1.5.0 for 0.33.0, which refuses older);
+    with its dependencies it brings both of its CUDA builds, so its module
+    finds the one for the CUDA major of the release's torch (13 for every
+    pinned release's PyPI torch)."""
     pin = pinned_releases()[release]
     venv = cache / "gpu-e2e" / release / "venv"
     if not (venv / "bin" / "vllm").exists():
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         wheel = fetch_wheel(pin, Dist.VLLM, cache).path
-        _pip(venv, "install", str(wheel), "lmcache==0.5.6")
-        nixl = [NIXL_REQUIREMENTS]
-        if release in (cuda := environment_facts().cuda_torch):
-            nixl.append(REPO_ROOT / cuda[release].nixl)
-        for requirements in nixl:
-            _pip(
-                venv,
-                "install",
-                "--no-deps",
-                "--require-hashes",
-                "-r",
-                str(requirements),
-            )
+        _pip(venv, "install", str(wheel), "lmcache==0.5.6", nixl_pin(release))
     return venv
+
+
+def nixl_pin(release: str) -> str:
+    """`nixl==<version>`: the meta package at the version that
+    `release`'s CPU environment pins."""
+    path = nixl_file(release, environment_facts())
+    for req in pinned_requirements(path):
+        if canonicalize_name(req.name) == "nixl":
+            return str(req)
+    raise OverlayError(f"{path} pins no `nixl` meta package")
 
 
 def install(venv: Path, wheel: Path) -> None:

@@ -3,8 +3,8 @@ run against a given (patched or pinned) vLLM wheel on a machine without a GPU.
 
 The environment has two layers. The dependency layer (CPU torch, vLLM's
 requirements, the test plugins, the real LMCache for the probes that drive
-its vLLM integration and, for a CPU release, NIXL for the P/D end-to-end
-suite) takes minutes and gigabytes, so it is built once per
+its vLLM integration and NIXL for the P/D end-to-end suite and the NIXL
+probes) takes minutes and gigabytes, so it is built once per
 release and reused for as long as its inputs are unchanged; the vLLM wheel on
 top of it is swapped in seconds whenever a new patched build appears.
 `STAMP` records both layers and is written last: an environment whose build
@@ -56,9 +56,10 @@ REQUIREMENTS_FILE = ".vllm-overlay-requirements.txt"
 # opentelemetry under upstream's tests (the file says which).
 LMCACHE_REQUIREMENTS = Path(__file__).resolve().parent / "lmcache-requirements.txt"
 # NIXL (the `nixl-cu12` build and the `nixl` meta package), pinned by hash and
-# installed without dependencies for the same reason; only a CPU build's
-# environment gets it, since only a CPU build serves on this machine
-# (ci/pd_e2e.py). The file says why that route.
+# installed without dependencies for the same reason: the P/D end-to-end suite
+# (ci/pd_e2e.py) serves with it, and the NIXL probes build its real agent
+# config. A release in `test_env.nixl` takes the file named there instead. The
+# file says why that route.
 NIXL_REQUIREMENTS = Path(__file__).resolve().parent / "nixl-requirements.txt"
 # What NixlConnector's worker does first (nixl/base_worker.py:511-643 in the
 # 0.32.0 sources): load `nixl._api` (vllm/distributed/nixl_utils.py:39-77) and
@@ -131,7 +132,7 @@ def ensure_release_env(
             return venv
         started = time.monotonic()
         if stamp.get("layer") != layer_key:
-            build_dependency_layer(release, venv, requirements, info, facts)
+            build_dependency_layer(release, venv, requirements, facts)
         else:
             _progress(release, f"reusing the dependency layer of {venv}")
         write_stamp(venv, {"layer": layer_key, "wheel": None})
@@ -224,7 +225,7 @@ def torch_file(release: str, facts: EnvironmentFacts) -> Path | None:
     before vLLM's requirements, if it is in `test_env.cuda_torch`."""
     if release not in facts.cuda_torch:
         return None
-    return REPO_ROOT / facts.cuda_torch[release].torch
+    return REPO_ROOT / facts.cuda_torch[release]
 
 
 def torch_pins(release: str, facts: EnvironmentFacts) -> list[Requirement]:
@@ -245,17 +246,18 @@ def pinned_requirements(path: Path) -> list[Requirement]:
     return requirements
 
 
-def pinned_extras(
-    release: str, info: WheelInfo, facts: EnvironmentFacts
-) -> tuple[Path, ...]:
+def pinned_extras(release: str, facts: EnvironmentFacts) -> tuple[Path, ...]:
     """The hash-pinned requirement files installed without dependencies over
-    vLLM's requirements: LMCache for every build, NIXL for a CPU build (the
-    build for the CUDA torch of a release in `test_env.cuda_torch`)."""
-    if not info.is_cpu_build:
-        return (LMCACHE_REQUIREMENTS,)
-    if release in facts.cuda_torch:
-        return (LMCACHE_REQUIREMENTS, REPO_ROOT / facts.cuda_torch[release].nixl)
-    return (LMCACHE_REQUIREMENTS, NIXL_REQUIREMENTS)
+    vLLM's requirements: LMCache and the release's NIXL (`nixl_file`)."""
+    return (LMCACHE_REQUIREMENTS, nixl_file(release, facts))
+
+
+def nixl_file(release: str, facts: EnvironmentFacts) -> Path:
+    """The hash-pinned NIXL `release`'s environment gets: the file
+    `test_env.nixl` names for it, else `NIXL_REQUIREMENTS`."""
+    if release in facts.nixl:
+        return REPO_ROOT / facts.nixl[release]
+    return NIXL_REQUIREMENTS
 
 
 def dependency_key(
@@ -264,7 +266,7 @@ def dependency_key(
     """A digest of every input of the dependency layer. The wheel itself is not
     one: a patched wheel with the same requirements reuses the layer."""
     torch = torch_file(release, facts)
-    pinned = (*([torch] if torch else []), *pinned_extras(release, info, facts))
+    pinned = (*([torch] if torch else []), *pinned_extras(release, facts))
     inputs = {
         "recipe": RECIPE_VERSION,
         "release": release,
@@ -280,13 +282,12 @@ def build_dependency_layer(
     release: str,
     venv: Path,
     requirements: list[str],
-    info: WheelInfo,
     facts: EnvironmentFacts,
 ) -> None:
     """A fresh environment with every dependency but vLLM itself: the
     release's hash-pinned torch file, if it has one, without dependencies,
     the `requirements`, then each hash-pinned file of `pinned_extras` without
-    its dependencies."""
+    its dependencies; NIXL must start with its UCX backend."""
     if venv.exists():
         _progress(release, f"removing the outdated environment {venv}")
         shutil.rmtree(venv)
@@ -299,16 +300,15 @@ def build_dependency_layer(
         _install_pinned(release, venv, torch)
     _progress(release, "installing torch, vLLM's requirements and test plugins")
     _pip(release, venv, ["install", "-r", str(requirements_file)])
-    for extra in pinned_extras(release, info, facts):
+    for extra in pinned_extras(release, facts):
         _install_pinned(release, venv, extra)
     guard_torchvision(release, venv)
     check_torch(release, venv, facts)
-    if info.is_cpu_build:
-        _run(
-            release,
-            [str(venv / "bin" / "python"), "-c", NIXL_SMOKE],
-            f"NIXL does not start with its UCX backend in {venv}",
-        )
+    _run(
+        release,
+        [str(venv / "bin" / "python"), "-c", NIXL_SMOKE],
+        f"NIXL does not start with its UCX backend in {venv}",
+    )
 
 
 def _install_pinned(release: str, venv: Path, path: Path) -> None:

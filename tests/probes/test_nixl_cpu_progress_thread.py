@@ -4,11 +4,12 @@ progress thread.
 NIXL's Python agent runs a progress thread unless its config turns it off
 (`nixl_agent_config(enable_prog_thread=True)` by default, kept as
 `enable_pthread` and read back by the agent: nixl 1.4.1 `_api.py:169`,
-`:179`, `:226`), and that thread polls without pause (`pthrDelay = 0`,
-`:230`). vLLM's worker builds the config with the default (0.22.1
-nixl/worker.py:283-293, 0.31.0 nixl/base_worker.py:669-679, 0.32.0 :634-644,
-0.33.0 :733-746), in the worker process's main thread, the OpenMP master
-thread that runs the model, whose cores the progress thread inherits. On a
+`:179`, `:226`; 1.5.0, 0.33.0's, `:166`, `:176`, `:222`), and that thread
+polls without pause (`pthrDelay = 0`, 1.4.1 `:230`, 1.5.0 `:226`). vLLM's
+worker builds the config with the default (0.22.1 nixl/worker.py:283-293,
+0.31.0 nixl/base_worker.py:669-679, 0.32.0 :634-644, 0.33.0 :733-746), in
+the worker process's main thread, the OpenMP master thread that runs the
+model, whose cores the progress thread inherits. On a
 CPU it keeps one of the model's cores busy whether or not anything is in
 flight, and the model computes at about half speed there. Patched, the CPU
 platform's worker builds the agent without it, whatever the binding (and says

@@ -1,7 +1,8 @@
 """Which hash-pinned files a release's test environment gets
-(`ci/release_env.py`): LMCache always, NIXL for a CPU build (the CUDA 13 one
-beside 0.22.1's CUDA torch), that torch in place of the CPU one, and a change
-to any file rebuilds the dependency layer of the environments that hold it."""
+(`ci/release_env.py`): LMCache and NIXL for every build (the CUDA 13 one
+beside 0.22.1's CUDA torch, 1.5.0 for 0.33.0), that torch in place of the CPU
+one, and a change to any file rebuilds the dependency layer of the
+environments that hold it."""
 
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 from packaging.requirements import Requirement
 
 import ci.release_env as release_env
+from ci.gpu_e2e import nixl_pin
 from ci.release_env import (
     LMCACHE_REQUIREMENTS,
     NIXL_REQUIREMENTS,
@@ -27,47 +29,65 @@ CUDA_BUILD = WheelInfo(Path("vllm.whl"), ("torch==2.13.0",), "1" * 64)
 FACTS = environment_facts()
 TORCH_2_11 = REPO_ROOT / "ci" / "torch-2.11.0-requirements.txt"
 NIXL_CU13 = REPO_ROOT / "ci" / "nixl-cu13-requirements.txt"
+NIXL_1_5_0 = REPO_ROOT / "ci" / "nixl-1.5.0-requirements.txt"
 
 
-def test_a_cpu_build_gets_nixl_beside_lmcache() -> None:
-    extras = pinned_extras("0.32.0", CPU_BUILD, FACTS)
-    assert extras == (LMCACHE_REQUIREMENTS, NIXL_REQUIREMENTS)
+@pytest.mark.parametrize("release", ["0.31.0", "0.32.0"])
+def test_a_release_gets_the_default_nixl_beside_lmcache(release: str) -> None:
+    assert pinned_extras(release, FACTS) == (LMCACHE_REQUIREMENTS, NIXL_REQUIREMENTS)
 
 
-def test_a_cpu_build_on_cuda_torch_gets_the_nixl_for_its_cuda() -> None:
-    assert pinned_extras("0.22.1", CPU_BUILD, FACTS) == (
-        LMCACHE_REQUIREMENTS,
-        NIXL_CU13,
-    )
+def test_a_release_on_cuda_torch_gets_the_nixl_for_its_cuda() -> None:
+    assert pinned_extras("0.22.1", FACTS) == (LMCACHE_REQUIREMENTS, NIXL_CU13)
 
 
-def test_a_cuda_build_gets_lmcache_only() -> None:
-    assert pinned_extras("0.32.0", CUDA_BUILD, FACTS) == (LMCACHE_REQUIREMENTS,)
+def test_a_release_that_refuses_older_nixl_gets_the_one_it_asks_for() -> None:
+    """0.33.0's test environment holds its CUDA wheel, and NIXL 1.5.0: the
+    oldest its NixlConnector accepts."""
+    assert pinned_extras("0.33.0", FACTS) == (LMCACHE_REQUIREMENTS, NIXL_1_5_0)
+    assert {str(req) for req in pinned_requirements(NIXL_1_5_0)} == {
+        "nixl-cu12==1.5.0",
+        "nixl==1.5.0",
+    }
 
 
-@pytest.mark.parametrize(("info", "rebuilt"), [(CPU_BUILD, True), (CUDA_BUILD, False)])
-def test_a_new_nixl_pin_rebuilds_only_the_environments_holding_nixl(
-    info: WheelInfo, rebuilt: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("release", "pin"),
+    [
+        ("0.22.1", "nixl==1.4.1"),
+        ("0.32.0", "nixl==1.4.1"),
+        ("0.33.0", "nixl==1.5.0"),
+    ],
+)
+def test_the_gpu_environment_takes_the_nixl_version_of_the_cpu_one(
+    release: str, pin: str
 ) -> None:
-    key = dependency_key("0.32.0", info, ["numpy"], FACTS)
+    assert nixl_pin(release) == pin
+
+
+@pytest.mark.parametrize("info", [CPU_BUILD, CUDA_BUILD])
+def test_a_new_nixl_pin_rebuilds_the_environments_holding_it(
+    info: WheelInfo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = {r: dependency_key(r, info, ["numpy"], FACTS) for r in ("0.32.0", "0.33.0")}
     other = tmp_path / NIXL_REQUIREMENTS.name
-    other.write_text(NIXL_REQUIREMENTS.read_text().replace("1.4.1", "1.5.0"))
+    other.write_text(NIXL_REQUIREMENTS.read_text().replace("1.4.1", "1.4.2"))
     monkeypatch.setattr(release_env, "NIXL_REQUIREMENTS", other)
-    assert (dependency_key("0.32.0", info, ["numpy"], FACTS) != key) is rebuilt
+    changed = {r for r in keys if dependency_key(r, info, ["numpy"], FACTS) != keys[r]}
+    assert changed == {"0.32.0"}
 
 
 def test_a_new_torch_pin_rebuilds_the_release_that_takes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    releases = ("0.22.1", "0.31.0", "0.32.0")
+    releases = ("0.22.1", "0.31.0", "0.32.0", "0.33.0")
     keys = {r: dependency_key(r, CPU_BUILD, ["numpy"], FACTS) for r in releases}
-    files = FACTS.cuda_torch["0.22.1"]
-    for name in (files.torch, files.nixl):
+    for name in (*FACTS.cuda_torch.values(), *FACTS.nixl.values()):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text((REPO_ROOT / name).read_text())
     monkeypatch.setattr(release_env, "REPO_ROOT", tmp_path)
     assert {r: dependency_key(r, CPU_BUILD, ["numpy"], FACTS) for r in releases} == keys
-    torch = tmp_path / files.torch
+    torch = tmp_path / FACTS.cuda_torch["0.22.1"]
     torch.write_text(torch.read_text().replace("13.5.0", "13.6.0"))
     changed = {
         r for r in keys if dependency_key(r, CPU_BUILD, ["numpy"], FACTS) != keys[r]
@@ -80,6 +100,7 @@ def test_a_new_torch_pin_rebuilds_the_release_that_takes_it(
     [
         (NIXL_REQUIREMENTS, {"nixl-cu12", "nixl"}),
         (NIXL_CU13, {"nixl-cu13", "nixl"}),
+        (NIXL_1_5_0, {"nixl-cu12", "nixl"}),
         (TORCH_2_11, {"torch", "torchvision", "triton", "cuda-toolkit"}),
     ],
 )

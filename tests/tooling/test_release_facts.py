@@ -146,9 +146,8 @@ def test_the_test_environment_facts_load_checked():
     facts = environment_facts(REPO_PATCHES)
     assert facts.cpu_torch.startswith("torch==") and facts.cpu_torch.endswith("+cpu")
     assert set(facts.pinned_as_tested) <= set(load_pins(REPO_PATCHES / PINS_FILE))
-    for files in facts.cuda_torch.values():
-        assert (REPO_PATCHES.parent / files.torch).is_file()
-        assert (REPO_PATCHES.parent / files.nixl).is_file()
+    for path in (*facts.cuda_torch.values(), *facts.nixl.values()):
+        assert (REPO_PATCHES.parent / path).is_file()
 
 
 def _set(key, value):
@@ -171,16 +170,21 @@ def _set(key, value):
         ),
         (_set("cuda_torch", "ci/t.txt"), "test_env.cuda_torch must be a table"),
         (
-            _set("cuda_torch", {"0.9.0": {"torch": "t.txt", "nixl": "n.txt"}}),
+            _set("cuda_torch", {"0.9.0": "ci/t.txt"}),
             "cuda_torch names 0.9.0, which is not pinned",
         ),
         (
-            _set("cuda_torch", {"0.22.1": "ci/t.txt"}),
-            r"cuda_torch.0.22.1 must name a requirements file \(\.txt\) for each of",
+            _set("cuda_torch", {"0.22.1": {"torch": "ci/t.txt"}}),
+            r"cuda_torch.0.22.1 must name a requirements file \(\.txt\)$",
+        ),
+        (_set("nixl", "ci/n.txt"), "test_env.nixl must be a table"),
+        (
+            _set("nixl", {"0.9.0": "ci/n.txt"}),
+            "nixl names 0.9.0, which is not pinned",
         ),
         (
-            _set("cuda_torch", {"0.22.1": {"torch": "ci/t.txt", "nixl": "torch"}}),
-            r"cuda_torch.0.22.1 must name a requirements file \(\.txt\) for each of",
+            _set("nixl", {"0.33.0": "nixl==1.5.0"}),
+            r"nixl.0.33.0 must name a requirements file \(\.txt\)$",
         ),
     ],
 )

@@ -106,16 +106,6 @@ def _cpu_release(root: Path, key: str, release: str) -> str:
 
 
 @dataclass(frozen=True)
-class CudaTorch:
-    """A release environment's PyPI (CUDA) torch and the NIXL build that
-    goes with it: hash-pinned requirements files, relative to the repository
-    root."""
-
-    torch: str
-    nixl: str
-
-
-@dataclass(frozen=True)
 class EnvironmentFacts:
     """How a release's test environment is made on a machine without a GPU
     (`ci/release_env.py`); the data file says why each value is what it is."""
@@ -132,13 +122,18 @@ class EnvironmentFacts:
     test_requirements: tuple[str, ...]
     # Pinned release -> canonical names taken at its tested version.
     pinned_as_tested: dict[str, frozenset[str]]
-    # Pinned release -> the CUDA torch installed instead of `cpu_torch`.
-    cuda_torch: dict[str, CudaTorch]
+    # Pinned release -> the hash-pinned file (relative to the repository
+    # root) of the CUDA torch installed instead of `cpu_torch`.
+    cuda_torch: dict[str, str]
+    # Pinned release -> the hash-pinned file of the NIXL installed instead of
+    # the default one (`ci/release_env.py`).
+    nixl: dict[str, str]
 
 
 def environment_facts(root: Path | None = None) -> EnvironmentFacts:
     """The `[test_env]` table, checked: requirements that parse, names, and
-    releases in `pinned_as_tested` and `cuda_torch` that are pinned."""
+    requirement files, and releases in `pinned_as_tested`, `cuda_torch` and
+    `nixl` that are pinned."""
     root = root or patches_root()
     where = root / FACTS_FILE
     table = _facts(root).get("test_env")
@@ -151,10 +146,13 @@ def environment_facts(root: Path | None = None) -> EnvironmentFacts:
     extras = _strings(where, "cuda_wheel_extras", table["cuda_wheel_extras"])
     pins = load_pins(root / PINS_FILE)
     as_tested = _per_release(where, "pinned_as_tested", table, pins)
-    cuda_torch = {
-        release: _cuda_torch(where, release, files)
-        for release, files in _per_release(where, "cuda_torch", table, pins).items()
-    }
+    cuda_torch, nixl = (
+        {
+            release: _requirements_file(where, f"{key}.{release}", path)
+            for release, path in _per_release(where, key, table, pins).items()
+        }
+        for key in ("cuda_torch", "nixl")
+    )
     return EnvironmentFacts(
         cpu_torch=cpu_torch,
         cuda_wheel_extras=tuple(
@@ -170,21 +168,16 @@ def environment_facts(root: Path | None = None) -> EnvironmentFacts:
             for release, names in as_tested.items()
         },
         cuda_torch=cuda_torch,
+        nixl=nixl,
     )
 
 
-def _cuda_torch(where: Path, release: str, files: object) -> CudaTorch:
-    keys = {field.name for field in fields(CudaTorch)}
-    if (
-        not isinstance(files, dict)
-        or set(files) != keys
-        or not all(isinstance(f, str) and f.endswith(".txt") for f in files.values())
-    ):
+def _requirements_file(where: Path, key: str, path: object) -> str:
+    if not isinstance(path, str) or not path.endswith(".txt"):
         raise OverlayError(
-            f"{where}: test_env.cuda_torch.{release} must name a requirements "
-            f"file (.txt) for each of {', '.join(sorted(keys))}"
+            f"{where}: test_env.{key} must name a requirements file (.txt)"
         )
-    return CudaTorch(**files)
+    return path
 
 
 def _per_release(
