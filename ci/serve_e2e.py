@@ -34,7 +34,11 @@ children.
   start-up ("Failed to promote local KV cache specs"): the hybrid KV cache
   manager stays on, the engine core says once that LMCache loads and saves
   nothing for it and names LMCacheMPConnector (the
-  `lmcache-connector-hybrid-kv` patch), and it answers.
+  `lmcache-connector-hybrid-kv` patch), and it answers. It is served with
+  the arguments the P/D cases give it (`MODEL_ARGS` in `ci/pd/cases.py`:
+  its recurrent state in float32, which vLLM 0.22.1's Gated DeltaNet kernel
+  for CPUs with AMX tiles requires), so it runs on hosts with AMX and
+  without.
 
 Everything but the patched build runs in the unpatched environment of
 `ci/unpatched_env.py`; all use the tiny models of `ci/tiny_model.py`,
@@ -60,6 +64,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from ci.pd.cases import MODEL_ARGS
 from ci.servers import Server, free_port, server_environment
 from ci.tiny_model import ensure_tiny_model
 from ci.unpatched_env import ensure_unpatched_env
@@ -299,6 +304,7 @@ def run_serve_e2e(release: str, cache: Path) -> list[Result]:
                 [
                     *(str(patched / "bin" / "vllm"), "serve"),
                     *serve_args(hybrid, port, LMCACHE),
+                    *MODEL_ARGS[hybrid.name],
                 ],
                 False,
                 "patched-hybrid",

@@ -86,6 +86,11 @@ FLOAT32_MODELS = (DENSE, MAMBA2)
 # (vllm/platforms/cpu.py:284-304 in 0.31.0), else in the model's dtype; the
 # block size N follows the state's size, so the hybrid's state is float32 on
 # every host, as vLLM itself chooses on the hosts this suite has run on.
+# vLLM 0.22.1 keeps Qwen3-Next's state in the model's dtype, and its Gated
+# DeltaNet kernel for CPUs with AMX tiles takes a float32 state only
+# ("Input tensor dtype mismatch", csrc/cpu/sgl-kernels/fla.cpp:1134 for a
+# prefill, :1305-1306 for a decode; ops/cpu/gdn_attention.py:59-60 takes that
+# kernel on such a CPU).
 MODEL_ARGS: dict[str, tuple[str, ...]] = {
     HYBRID: ("--mamba-ssm-cache-dtype", "float32"),
     QWEN3_NEXT: ("--mamba-ssm-cache-dtype", "float32"),
