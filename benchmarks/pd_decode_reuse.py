@@ -9,7 +9,10 @@ the decode side behind plain NixlConnector or MultiConnector[NixlConnector,
 DecodeBenchConnector], each on the unpatched and the patched build. Cells:
 each concurrency of `--concurrency`, with the decode server's KV cache
 uncapped (1 GiB) and capped to three requests' worth
-(`ci/pd/cases.py` DECODE_CAP_BLOCKS). A round starts every arm afresh, once
+(`ci/pd/cases.py` DECODE_CAP_BLOCKS); in a capped cell the one server gets
+the same cap, the KV cache the decode side has, so that its requests queue
+for blocks as the pair's do (the ratios also give the uncapped one server,
+the yardstick of earlier runs). A round starts every arm afresh, once
 per cache setting, the arms in turn, and runs every concurrency on it, each
 with prompts of its own (a seed per round and concurrency, so no run finds
 another's prefix cached): on the CPU layout, 4 requests per client and at
@@ -89,13 +92,22 @@ def run_arm(
     workloads: Sequence[Workload],
     tag: str,
 ) -> list[Sample]:
-    """A fresh server or pair of the arm, and every workload on it in turn."""
-    decode_args = ("--num-gpu-blocks-override", str(DECODE_CAP_BLOCKS[HYBRID]))
+    """A fresh server or pair of the arm, and every workload on it in turn;
+    `cache` "capped" caps the decode server's KV cache, or the one server's."""
+    capped = ("--num-gpu-blocks-override", str(DECODE_CAP_BLOCKS[HYBRID]))
+    cache_args = capped if cache == "capped" else ()
     samples = []
     with ExitStack() as stack:
         if case is None:
             server, port = start_vllm(
-                stack, layout, build, HYBRID, f"bench-one-{tag}", None, cores="0-1"
+                stack,
+                layout,
+                build,
+                HYBRID,
+                f"bench-one-{tag}",
+                None,
+                cores="0-1",
+                extra_args=cache_args,
             )
             wait_all([(server, port, "/health")])
             target, decode_port = port, None
@@ -108,7 +120,7 @@ def run_arm(
                 HYBRID,
                 case.decode,
                 f"bench-{tag}",
-                decode_args=decode_args if cache == "capped" else (),
+                decode_args=cache_args,
             )
             target, decode_port = pair.proxy_port, pair.decode_port
             prefill_log = pair.prefill.log
@@ -157,16 +169,12 @@ def measure(release: str, rounds: int, cells: Sequence[Workload]) -> Results:
         ]
         for cache in CACHES:
             for name, build, key in ARMS:
-                if key == "" and cache == "capped":
-                    continue
                 case = CASE_BY_KEY[key] if key else None
                 tag = f"{cache}-{name.replace(', ', '-')}-r{round_}".replace(" ", "-")
                 samples = run_arm(layout, name, build, case, cache, workloads, tag)
                 for c, sample in zip(concurrencies, samples, strict=True):
                     results[(cache, c)][name].append(sample)
                 print(f"round {round_ + 1}/{rounds}: {cache}, {name} done", flush=True)
-    for c in concurrencies:
-        results[("capped", c)][ONE_SERVER] = results[("uncapped", c)][ONE_SERVER]
     return results
 
 
@@ -188,16 +196,13 @@ def throughput(bench: BenchResult) -> float:
 
 
 def ratio(
-    cell: dict[str, list[Sample]],
-    top: str,
-    bottom: str,
+    tops: Sequence[Sample],
+    bottoms: Sequence[Sample],
     metric: Callable[[BenchResult], float],
 ) -> str:
+    """`metric` of `tops` over `bottoms`, round by round."""
     return spread(
-        [
-            metric(a.bench) / metric(b.bench)
-            for a, b in zip(cell[top], cell[bottom], strict=True)
-        ]
+        [metric(a.bench) / metric(b.bench) for a, b in zip(tops, bottoms, strict=True)]
     )
 
 
@@ -235,17 +240,22 @@ def report(results: Results, rounds: int, cells: Sequence[Workload]) -> None:
     print(
         "| decode cache | concurrency | TTFT patched / unpatched Multi | "
         "tok/s patched / unpatched Multi | TTFT patched Multi / patched Nixl | "
-        "TTFT patched Multi / one server | tok/s one server / patched Multi |"
+        "TTFT patched Multi / one server | tok/s one server / patched Multi | "
+        "TTFT patched Multi / one server, uncapped | "
+        "tok/s one server, uncapped / patched Multi |"
     )
-    print("|---|---|---|---|---|---|---|")
-    multi, nixl = "MultiConnector, patched", "NixlConnector, patched"
+    print("|---|---|---|---|---|---|---|---|---|")
     for (cache, c), cell in results.items():
+        multi, one = cell["MultiConnector, patched"], cell[ONE_SERVER]
+        uncapped_one = results[("uncapped", c)][ONE_SERVER]
         cells = [
-            ratio(cell, multi, "MultiConnector, unpatched", ttft),
-            ratio(cell, multi, "MultiConnector, unpatched", throughput),
-            ratio(cell, multi, nixl, ttft),
-            ratio(cell, multi, ONE_SERVER, ttft),
-            ratio(cell, ONE_SERVER, multi, throughput),
+            ratio(multi, cell["MultiConnector, unpatched"], ttft),
+            ratio(multi, cell["MultiConnector, unpatched"], throughput),
+            ratio(multi, cell["NixlConnector, patched"], ttft),
+            ratio(multi, one, ttft),
+            ratio(one, multi, throughput),
+            ratio(multi, uncapped_one, ttft),
+            ratio(uncapped_one, multi, throughput),
         ]
         print(f"| {cache} | {c} | " + " | ".join(cells) + " |")
 
