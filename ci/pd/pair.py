@@ -6,12 +6,14 @@ The proxy sends each request to the prefill server with `max_tokens` 1 and
 server (toy_proxy_server.py:153-245 in 0.32.0), whose NixlConnector pulls
 every prompt token its local prefix cache lacks (nixl/pull_scheduler.py:
 59-65) through NIXL's UCX backend, DRAM to DRAM. Each server gets a core of
-its own (VLLM_CPU_OMP_THREADS_BIND): two engines spinning on the same two
-cores starve each other's transfers. Every process runs in a session of its
-own and is stopped by its id (`ci/servers.py`), whatever happens.
+its own, the whole server and not only its model (see `start_vllm`): two
+engines spinning on the same two cores starve each other's transfers. Every
+process runs in a session of its own and is stopped by its id
+(`ci/servers.py`), whatever happens.
 """
 
 import json
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
@@ -102,10 +104,25 @@ def start_vllm(
     prefix_caching: bool = True,
     extra_args: Sequence[str] = (),
     host_env: Mapping[str, str] | None = None,
+    confine: bool = False,
 ) -> tuple[Server, int]:
     """A server of `build`, its OpenMP threads bound to `cores` (vLLM's own
     choice by default), with a NIXL side channel of its own and `host_env`
-    (a case's host pin) on top; its log is `<logs>/<name>.log`."""
+    (a case's host pin) on top; its log is `<logs>/<name>.log`.
+
+    With `confine`, the whole server runs on `cores` (`taskset`), as README
+    tells users to run a P/D pair on a CPU host. VLLM_CPU_OMP_THREADS_BIND
+    binds only the worker's model threads; the API server and the engine
+    core run wherever the kernel puts them. The engine core waits for its
+    worker by polling, yielding the CPU for a second after each answer
+    (shm_broadcast.py:199-208 in 0.32.0), and keeps stepping, a millisecond
+    apart when no model runs, while a request waits for its KV or the
+    connector holds a finished request's blocks (v1/engine/core.py:1534-1540,
+    :1613-1617), so an unconfined engine core that lands on
+    the other server's model core takes about half of it: that server's
+    forward passes and, without NIXL's progress thread, its transfers slow
+    down, the pulls wait longer and the engine polls longer (README, "P/D
+    under load")."""
     port = free_port()
     env = server_environment(layout.vllm_cache)
     env.update(
@@ -118,7 +135,21 @@ def start_vllm(
     command = serve_command(
         layout, build, model, port, kv_config, prefix_caching, extra_args
     )
+    if confine:
+        command = [taskset(), "-c", cores, *command]
     return start(stack, command, env, layout.logs / f"{name}.log"), port
+
+
+def taskset() -> str:
+    """util-linux's `taskset`, which confines a command and every process it
+    starts to a set of cores."""
+    path = shutil.which("taskset")
+    if path is None:
+        raise OverlayError(
+            "taskset (util-linux) is not on PATH; the P/D pairs confine each "
+            "server to its core with it"
+        )
+    return path
 
 
 def wait_all(servers: Sequence[tuple[Server, int, str]]) -> None:
@@ -156,11 +187,13 @@ def start_pair(
     decode_args: Sequence[str] = (),
     prefill_config: dict[str, object] = NIXL,
     host_env: Mapping[str, str] | None = None,
+    confine: bool = True,
 ) -> Pair:
     """A prefill server (`prefill_config`: plain NixlConnector), a decode
     server with `decode_config` (and `decode_args`: the load case's cache
-    cap), both with `host_env`, and the proxy in front, all ready; logs
-    named `<build>-<role>-<tag>.log`."""
+    cap), both with `host_env` and, with `confine` (the CPU layout), each
+    confined to its core, and the proxy in front, all ready; logs named
+    `<build>-<role>-<tag>.log`."""
     prefill, prefill_port = start_vllm(
         stack,
         layout,
@@ -171,6 +204,7 @@ def start_pair(
         PREFILL_CORES,
         prefix_caching,
         host_env=host_env,
+        confine=confine,
     )
     decode, decode_port = start_vllm(
         stack,
@@ -183,6 +217,7 @@ def start_pair(
         prefix_caching,
         decode_args,
         host_env,
+        confine,
     )
     proxy_port = free_port()
     proxy = start(

@@ -13,6 +13,7 @@ import pytest
         "benchmarks.schedule_overhead",
         "benchmarks.pd_decode_reuse",
         "benchmarks.pd_lease",
+        "benchmarks.pd_confine",
     ],
 )
 def test_benchmark_imports(module):

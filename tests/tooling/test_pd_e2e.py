@@ -488,23 +488,52 @@ def test_the_host_pin_hides_amx_tiles_without_importing_torch(tmp_path) -> None:
     assert ask(pin, str(torch_root)) == "False False"
 
 
+def bare_layout(root: Path) -> Layout:
+    """A layout whose every path is `root`: enough for a command line."""
+    return Layout(
+        envs={UNPATCHED: root},
+        models={"m": root / "m"},
+        proxy=root / "proxy.py",
+        logs=root,
+        vllm_cache=root,
+    )
+
+
 def test_a_cases_host_pin_reaches_its_servers(monkeypatch, tmp_path) -> None:
     started = []
     monkeypatch.setattr(
         pair_module, "start", lambda stack, command, env, log: started.append(env)
     )
-    layout = Layout(
-        envs={UNPATCHED: tmp_path},
-        models={"m": tmp_path / "m"},
-        proxy=tmp_path / "proxy.py",
-        logs=tmp_path,
-        vllm_cache=tmp_path,
-    )
+    layout = bare_layout(tmp_path)
     pin = CASE_BY_KEY["qwen3-next-nixl"].env
     pair_module.start_vllm(None, layout, UNPATCHED, "m", "a", None, host_env=pin)  # type: ignore[arg-type]
     pair_module.start_vllm(None, layout, UNPATCHED, "m", "b", None)  # type: ignore[arg-type]
     assert {k: started[0][k] for k in pin} == pin
     assert "PYTHONPATH" not in started[1]
+
+
+def test_a_confined_server_runs_whole_on_its_cores(monkeypatch, tmp_path) -> None:
+    """The pair's servers run under `taskset -c <cores>`: the API server and
+    the engine core too, not only the model's OpenMP threads; a server that
+    is not confined (the one-server yardstick) starts as vLLM starts it."""
+    started = []
+    monkeypatch.setattr(
+        pair_module, "start", lambda stack, command, env, log: started.append(command)
+    )
+    monkeypatch.setattr(pair_module.shutil, "which", lambda name: f"/bin/{name}")
+    layout = bare_layout(tmp_path)
+    pair_module.start_vllm(None, layout, UNPATCHED, "m", "a", None, "1", confine=True)  # type: ignore[arg-type]
+    pair_module.start_vllm(None, layout, UNPATCHED, "m", "b", None, "1")  # type: ignore[arg-type]
+    assert started[0][:3] == ["/bin/taskset", "-c", "1"]
+    assert (
+        started[0][3:5] == started[1][:2] == [str(tmp_path / "bin" / "vllm"), "serve"]
+    )
+
+
+def test_confining_without_taskset_is_refused(monkeypatch) -> None:
+    monkeypatch.setattr(pair_module.shutil, "which", lambda name: None)
+    with pytest.raises(OverlayError, match=r"taskset \(util-linux\) is not on PATH"):
+        pair_module.taskset()
 
 
 def test_the_release_facts_name_known_cases_and_an_unknown_one_is_refused() -> None:
