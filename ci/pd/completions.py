@@ -100,14 +100,20 @@ def compare(
     return tuple(differing), min(gaps, default=math.nan), max(deltas)
 
 
-def post(port: int, path: str, body: Mapping[str, object]) -> dict[str, object]:
-    """POST `body` as JSON to 127.0.0.1:`port`; the JSON answer."""
+def post(
+    port: int,
+    path: str,
+    body: Mapping[str, object],
+    timeout: float = REQUEST_TIMEOUT_S,
+) -> dict[str, object]:
+    """POST `body` as JSON to 127.0.0.1:`port`; the JSON answer, within
+    `timeout` seconds."""
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}{path}",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as response:
+    with urllib.request.urlopen(req, timeout=timeout) as response:
         return json.load(response)
 
 

@@ -188,12 +188,13 @@ def start_pair(
     prefill_config: dict[str, object] = NIXL,
     host_env: Mapping[str, str] | None = None,
     confine: bool = True,
+    prefill_args: Sequence[str] = (),
 ) -> Pair:
-    """A prefill server (`prefill_config`: plain NixlConnector), a decode
-    server with `decode_config` (and `decode_args`: the load case's cache
-    cap), both with `host_env` and, with `confine` (the CPU layout), each
-    confined to its core, and the proxy in front, all ready; logs named
-    `<build>-<role>-<tag>.log`."""
+    """A prefill server (`prefill_config`: plain NixlConnector, and
+    `prefill_args`), a decode server with `decode_config` (and `decode_args`:
+    the load case's cache cap), both with `host_env` and, with `confine` (the
+    CPU layout), each confined to its core, and the proxy in front, all
+    ready; logs named `<build>-<role>-<tag>.log`."""
     prefill, prefill_port = start_vllm(
         stack,
         layout,
@@ -203,8 +204,9 @@ def start_pair(
         prefill_config,
         PREFILL_CORES,
         prefix_caching,
-        host_env=host_env,
-        confine=confine,
+        prefill_args,
+        host_env,
+        confine,
     )
     decode, decode_port = start_vllm(
         stack,

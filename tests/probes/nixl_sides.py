@@ -45,12 +45,13 @@ def prefill_side_block_ids(
     return scheduler.kv_cache_manager.get_block_ids("prefill")
 
 
-def prefill_side_transfer_params(
+def prefill_side_finished(
     scheduler: Scheduler, num_tokens: int
-) -> dict[str, Any]:
-    """The `kv_transfer_params` a prefill instance answers with for a prompt
-    of `num_tokens` once it computed all but the last token, which upstream's
-    proxy hands the decode instance: what NixlConnector's
+) -> tuple[Request, dict[str, Any]]:
+    """A prefill instance's request for a prompt of `num_tokens` that
+    computed all but the last token and finished, its blocks kept for the
+    decode instance, and the `kv_transfer_params` it answers with, which
+    upstream's proxy hands the decode instance: what NixlConnector's
     `request_finished_all_groups` returns when `Scheduler` finishes the
     request with the blocks its KV cache manager holds."""
     request = generation_request("prefill", prompt(num_tokens)[:-1])
@@ -59,12 +60,20 @@ def prefill_side_transfer_params(
     manager.allocate_slots(request, request.num_tokens)
     request.num_computed_tokens = request.num_tokens
     request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+    scheduler.requests[request.request_id] = request
     connector: Any = scheduler.connector
     delay_free, params = connector.request_finished_all_groups(
         request, manager.get_block_ids("prefill")
     )
     assert delay_free and params is not None
-    return params
+    return request, params
+
+
+def prefill_side_transfer_params(
+    scheduler: Scheduler, num_tokens: int
+) -> dict[str, Any]:
+    """The `kv_transfer_params` of `prefill_side_finished`."""
+    return prefill_side_finished(scheduler, num_tokens)[1]
 
 
 def prefill_side_sent_block_ids(

@@ -1,0 +1,351 @@
+"""Probe: NIXL's decode side uses KV it pulled only if the prefill side still
+held the request's blocks once the read completed.
+
+A NIXL read is one-sided: the decode worker reads the prefill side's blocks
+and the prefill side learns of it only from the notification the read
+carries. The prefill side frees a finished request's blocks when every
+reader notified it, or when its lease ran out (heartbeats renew it only
+while the prefill side still holds the request). A read issued after that
+(a router's retry of a request that was read already, a request that waited
+in a busy decode server's queue past the lease) returns whatever the blocks
+hold by then, and upstream's decode worker reports the request received:
+its output is another prompt's (0.32.0: pull_worker.py:642-693 on the
+prefill side, base_worker.py:2860-2905 on the decode side). Patched, the
+prefill side's scheduler tracks the requests whose blocks it holds and its
+handshake listener says which of them are still held; the decode worker asks
+once the read completed and fails the request's load when they are not.
+
+The parts are real: the prefill side is a real `Scheduler` with NixlConnector
+finishing a request (`nixl_sides.py`), whose blocks it frees through its own
+`_update_from_kv_xfer_finished` once it is told the sending finished, and
+whose handshake listener runs on 127.0.0.1; the decode side's request
+metadata is built by `NixlConnectorMetadata` from the parameters the prefill
+side answered with; the decode side is NIXL's pull worker, built without
+`__init__` (which needs a NIXL agent) with what `__init__` derives, as
+upstream's `test_nixl_heartbeat.py` builds it, and its real
+`get_transfer_results` reports the request. Two stand-ins: the NIXL agent
+(`_DoneReads`: every read has completed, as `check_xfer_state` then says),
+and the read in flight, left as `_read_blocks` leaves one (its handle in
+`_recving_transfers`, its metadata in `_recving_metadata`).
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import vllm.envs as envs
+from conftest import MakeScheduler
+from hybrid_scheduler import generation_request
+from nixl_sides import nixl_config, prefill_side_finished, prompt
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
+    NixlConnectorMetadata,
+    NixlHandshakePayload,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
+    NixlKVConnectorStats,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import (
+    NixlConnectorWorker,
+)
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.request import RequestStatus
+
+NUM_TOKENS = 64
+DECODE_REQUEST = "decode"
+READ_HANDLE = 7
+# Steps of the decode worker before the probe gives up waiting for it to
+# report the request (its answer takes one round trip on 127.0.0.1).
+MAX_STEPS = 200
+STEP_S = 0.05
+
+
+class _DoneReads:
+    """The decode worker's NIXL agent: every read it posted has completed."""
+
+    def __init__(self) -> None:
+        self.notified: list[bytes] = []
+
+    def check_xfer_state(self, handle: int) -> str:
+        return "DONE"
+
+    def get_xfer_telemetry(self, handle: int) -> None:
+        return None
+
+    def release_xfer_handle(self, handle: int) -> None:
+        pass
+
+    def get_new_notifs(self) -> dict[str, list[bytes]]:
+        return {}
+
+    def send_notif(self, agent_name: str, notif_msg: bytes) -> None:
+        self.notified.append(notif_msg)
+
+
+class _Topology:
+    """The transfer topology of a prefill engine like this one (one rank,
+    the same block size), for the received request's post-processing."""
+
+    class _Info:
+        remote_block_size = 16
+        remote_physical_blocks_per_logical = 1
+
+    def get_engine_info(self, engine_id: str) -> _Info:
+        return self._Info()
+
+    def block_size_ratio(self, remote_block_size: int) -> int:
+        return 1
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def _fixed_block_hash_seed() -> None:
+    init_none_hash(sha256)
+
+
+@pytest.fixture
+def prefill(
+    make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Scheduler]:
+    """A prefill instance's scheduler with NixlConnector, its handshake
+    listener serving on 127.0.0.1, as the engine core starts it once its
+    workers sent their handshake metadata."""
+    monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+    monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
+    if hasattr(envs, "disable_envs_cache"):
+        envs.disable_envs_cache()
+    scheduler = make_scheduler(nixl_config())
+    connector: Any = scheduler.connector
+    payload = NixlHandshakePayload(compatibility_hash="probe", agent_metadata_bytes=b"")
+    connector.set_xfer_handshake_metadata_pp_aware({(0, 0): payload})
+    yield scheduler
+    connector.shutdown()
+
+
+def decode_worker(engine_id: str, agent: _DoneReads) -> NixlConnectorWorker:
+    """NIXL's pull worker on the decode side, handshaken with `engine_id`,
+    with what `__init__` derives for receiving from it."""
+    worker = object.__new__(NixlConnectorWorker)
+    worker.tp_rank = 0
+    worker.transfer_topo = _Topology()
+    worker.nixl_wrapper = agent
+    worker.xfer_stats = NixlKVConnectorStats()
+    worker._remote_agents = {engine_id: {(0, 0): "prefill-agent"}}
+    worker._engine_by_address = {("prefill-host", 0): engine_id}
+    worker._invalid_engine_backoff = {}
+    worker._engine_clock_offset = {engine_id: 0.0}
+    worker._engine_last_active = {engine_id: time.perf_counter()}
+    worker._remote_registration_generations = {}
+    worker._invalid_remote_engines = set()
+    worker._failed_remote_engines = set()
+    worker._recv_failures = set()
+    worker._recving_transfers = {}
+    worker._recving_metadata = {}
+    worker._pending_recv_notifs = {}
+    worker._replicated_pcp_done_sending = set()
+    worker._failed_recv_reqs = queue.Queue()
+    worker._reqs_to_send = {}
+    worker._reqs_to_process = set()
+    worker._is_hma_required = False
+    worker._invalid_block_ids = queue.Queue()
+    worker.use_host_buffer = False
+    worker.use_mla = False
+    worker.enable_permute_local_kv = False
+    worker.enable_heterogeneous_attn_post_process = False
+    worker._physical_blocks_per_logical_kv_block = 1
+    worker._engine_ttl = 0
+    worker._handshake_lock = threading.Lock()
+    worker._handshake_futures = {}
+    worker._TRANSFER_MODE = "pull"
+    return worker
+
+
+def read_completed(worker: NixlConnectorWorker, params: dict[str, Any]) -> None:
+    """The decode request's read of the prefill side's blocks, posted as
+    `_read_blocks` posts it, has completed."""
+    metadata = NixlConnectorMetadata()
+    metadata.add_new_req_to_recv(DECODE_REQUEST, ([5, 6, 7, 8],), params, (0,), True)
+    meta = metadata.reqs_to_recv[DECODE_REQUEST]
+    meta.local_physical_block_ids = meta.local_block_ids
+    worker._recving_metadata[DECODE_REQUEST] = meta
+    worker._recving_transfers[DECODE_REQUEST] = [READ_HANDLE]
+
+
+def reported(worker: NixlConnectorWorker) -> tuple[bool, bool]:
+    """Step the decode worker until it reports the request (bounded): whether
+    it was received, and whether its load failed."""
+    for _ in range(MAX_STEPS):
+        results = worker.get_transfer_results()
+        if DECODE_REQUEST in results.finished_recving:
+            return True, DECODE_REQUEST in results.failed_recving
+        time.sleep(STEP_S)
+    return False, False
+
+
+def released(scheduler: Scheduler, request_id: str) -> None:
+    """The prefill side frees the request's blocks: its worker reported the
+    sending finished (every reader notified it, or its lease ran out), as the
+    scheduler processes a step's output."""
+    scheduler._update_from_kv_xfer_finished(
+        KVConnectorOutput(finished_sending={request_id})
+    )
+
+
+def test_decode_side_uses_no_kv_the_prefill_side_released(prefill: Scheduler) -> None:
+    """The prefill side freed the request's blocks (another read of the same
+    request released them, or its lease ran out) before the decode side's
+    read completed: the decode side must not use what it read."""
+    request, params = prefill_side_finished(prefill, NUM_TOKENS)
+    worker = decode_worker(params["remote_engine_id"], _DoneReads())
+    released(prefill, request.request_id)
+    read_completed(worker, params)
+
+    received, failed = reported(worker)
+
+    assert received, "the decode worker never reported the request"
+    assert failed, (
+        f"the decode side used the KV it read for request "
+        f"{request.request_id!r} after the prefill side had freed its blocks: "
+        "they may hold another request's KV by then"
+    )
+
+
+def test_decode_side_uses_kv_the_prefill_side_still_held(
+    prefill: Scheduler,
+) -> None:
+    """The prefill side still holds the request's blocks when the read
+    completed: the decode side uses the KV, as upstream."""
+    _, params = prefill_side_finished(prefill, NUM_TOKENS)
+    worker = decode_worker(params["remote_engine_id"], _DoneReads())
+    read_completed(worker, params)
+
+    assert reported(worker) == (True, False)
+
+
+def scheduled(
+    scheduler: Scheduler, params: dict[str, Any], tries: int = 1
+) -> list[RequestStatus]:
+    """Where `tries` decode requests carrying the same `params` (as upstream's
+    proxy, or a router retrying, hands them on) stand once the decode
+    instance's scheduler scheduled them: their KV loading
+    (WAITING_FOR_REMOTE_KVS) or their prompt computed here (RUNNING).
+    Bounded: the scheduler may wait a step or two for the prefill side's
+    answer."""
+    requests = []
+    for attempt in range(tries):
+        request = generation_request(f"{DECODE_REQUEST}-{attempt}", prompt(NUM_TOKENS))
+        request.kv_transfer_params = dict(params)
+        scheduler.add_request(request)
+        requests.append(request)
+    for _ in range(MAX_STEPS):
+        scheduler.schedule()
+        if all(r.status != RequestStatus.WAITING for r in requests):
+            break
+        time.sleep(STEP_S)
+    return [request.status for request in requests]
+
+
+def test_decode_side_reads_nothing_the_prefill_side_released(
+    prefill: Scheduler, make_scheduler: MakeScheduler
+) -> None:
+    """A decode request reaches the decode instance after the prefill side
+    freed its blocks (it waited in the queue past the lease, or it is a
+    router's retry of a request read already): the decode side computes the
+    prompt instead of reading them. (A read of released blocks returns
+    another request's KV, and on a CPU prefill server that stopped stepping
+    it is never served.)"""
+    request, params = prefill_side_finished(prefill, NUM_TOKENS)
+    released(prefill, request.request_id)
+    decode = make_scheduler(nixl_config())
+
+    [status] = scheduled(decode, params)
+
+    assert status == RequestStatus.RUNNING, (
+        f"the decode side scheduled a read of request {request.request_id!r} "
+        f"({status.name}) after the prefill side had freed its blocks, "
+        "instead of computing the prompt itself"
+    )
+
+
+def test_decode_side_reads_what_the_prefill_side_still_holds(
+    prefill: Scheduler, make_scheduler: MakeScheduler
+) -> None:
+    """The prefill side still holds the request's blocks: the decode side
+    reads them, as upstream."""
+    _, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(nixl_config())
+
+    assert scheduled(decode, params) == [RequestStatus.WAITING_FOR_REMOTE_KVS]
+
+
+def test_parameters_without_the_key_are_read_as_upstream(
+    prefill: Scheduler, make_scheduler: MakeScheduler
+) -> None:
+    """Parameters without `remote_confirms_reads` (from a prefill server
+    without the patch, or through a router that forwards only upstream's
+    keys) are read and used as upstream reads and uses them, even after the
+    prefill side freed the blocks: nothing asks it."""
+    request, params = prefill_side_finished(prefill, NUM_TOKENS)
+    released(prefill, request.request_id)
+    upstream_keys = {k: v for k, v in params.items() if k != "remote_confirms_reads"}
+    worker = decode_worker(params["remote_engine_id"], _DoneReads())
+    read_completed(worker, upstream_keys)
+
+    assert scheduled(make_scheduler(nixl_config()), upstream_keys) == [
+        RequestStatus.WAITING_FOR_REMOTE_KVS
+    ]
+    assert reported(worker) == (True, False)
+
+
+def test_decode_side_reads_a_reference_for_one_request_at_a_time(
+    prefill: Scheduler, make_scheduler: MakeScheduler
+) -> None:
+    """A router retries a request on the same decode instance while the first
+    try still waits for its KV: only the first try reads the prefill side's
+    blocks, whose release its notification triggers (the prefill side frees
+    them after the one reader it expects); the retry computes the prompt."""
+    _, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(nixl_config())
+
+    statuses = scheduled(decode, params, tries=2)
+
+    assert statuses == [RequestStatus.WAITING_FOR_REMOTE_KVS, RequestStatus.RUNNING], (
+        f"two requests of the decode instance read the blocks of one prefill "
+        f"request ({[s.name for s in statuses]}): the first read's notification "
+        "frees them, so the other read them after they may have been released"
+    )
+
+
+def test_decode_side_reads_no_blocks_but_those_sent(
+    prefill: Scheduler, make_scheduler: MakeScheduler
+) -> None:
+    """A reference whose block ids are not those the prefill side sent with
+    the request (a router that mangled or mixed up references; the blocks
+    may hold another request's KV, or not exist) is not read: the decode
+    side computes the prompt."""
+    _, params = prefill_side_finished(prefill, NUM_TOKENS)
+    blocks = params["remote_block_ids"]
+    other = {**params, "remote_block_ids": [[b + 1 for b in g] for g in blocks]}
+    decode = make_scheduler(nixl_config())
+
+    [status] = scheduled(decode, other)
+
+    assert status == RequestStatus.RUNNING, (
+        f"the decode side scheduled a read of blocks {other['remote_block_ids']} "
+        f"({status.name}), which the prefill side did not send with request "
+        f"{params['remote_request_id']!r} (it sent {blocks})"
+    )
