@@ -40,7 +40,7 @@ Usage: python -m benchmarks.pd_decode_reuse [RELEASE] [--rounds N]
 import argparse
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -175,11 +175,14 @@ def measure(
     cells: Sequence[Workload],
     arms: Sequence[Arm] = ARMS,
     caches: Sequence[str] = CACHES,
+    extra_envs: Mapping[str, Path] | None = None,
 ) -> Results:
     """Every arm on every cell's workload (one per concurrency) and cache
-    setting, `rounds` times, interleaved as the module docstring says."""
+    setting, `rounds` times, interleaved as the module docstring says;
+    `extra_envs` adds builds to the suite's, by name."""
     cases = [CASE_BY_KEY["hybrid-nixl"], CASE_BY_KEY["hybrid-multi"]]
     layout = make_layout(release, cache_root(), cases)
+    layout = replace(layout, envs={**layout.envs, **(extra_envs or {})})
     concurrencies = [cell.concurrency for cell in cells]
     results: Results = {
         (cache, c): {arm.name: [] for arm in arms}

@@ -14,6 +14,7 @@ import pytest
         "benchmarks.pd_decode_reuse",
         "benchmarks.pd_lease",
         "benchmarks.pd_confine",
+        "benchmarks.pd_read_confirmation",
     ],
 )
 def test_benchmark_imports(module):
