@@ -233,7 +233,10 @@ def run_receive_faults(layout: Layout) -> tuple[list[Check], list[str]]:
         try:
             rows, after = attacked_pair(layout, build, name)
         except (OSError, HTTPException, OverlayError) as exc:
-            checks.append(Check(label, False, str(exc)))
+            if build == PATCHED:
+                checks.append(Check(label, False, str(exc)))
+            else:
+                printed.append(f"  {label}: stopped: {exc}")
             continue
         printed += [f"  {label}: {row.name}: {row.outcome}" for row in rows]
         if build == PATCHED:
