@@ -36,6 +36,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -77,8 +78,11 @@ class _DoneReads:
     def check_xfer_state(self, handle: int) -> str:
         return "DONE"
 
-    def get_xfer_telemetry(self, handle: int) -> None:
-        return None
+    def get_xfer_telemetry(self, handle: int) -> SimpleNamespace:
+        """What NIXL's telemetry of a transfer holds (the stats read it)."""
+        return SimpleNamespace(
+            xferDuration=1, postDuration=1, totalBytes=1, descCount=1
+        )
 
     def release_xfer_handle(self, handle: int) -> None:
         pass
@@ -140,6 +144,7 @@ def decode_worker(engine_id: str, agent: _DoneReads) -> NixlConnectorWorker:
     """NIXL's pull worker on the decode side, handshaken with `engine_id`,
     with what `__init__` derives for receiving from it."""
     worker = object.__new__(NixlConnectorWorker)
+    worker.engine_id = "decode-engine"
     worker.tp_rank = 0
     worker.transfer_topo = _Topology()
     worker.nixl_wrapper = agent
