@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from ci.pd.cases import CASE_BY_KEY, DECODE_CAP_BLOCKS, HYBRID
 from ci.pd.load import WORKLOAD, LoadRun, run_load
-from ci.pd.pair import NIXL, PATCHED, UNPATCHED, start_pair
+from ci.pd.pair import PATCHED, UNPATCHED, nixl_with_lease, start_pair
 from ci.pd_e2e import make_layout
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
@@ -37,11 +37,6 @@ from vllm_overlay.series.facts import e2e_release
 
 DEFAULT_LEASE_S = 30
 CONCURRENCY = 12
-
-
-def with_lease(seconds: int) -> dict[str, object]:
-    """Plain NixlConnector holding or renewing leases of `seconds`."""
-    return {**NIXL, "kv_connector_extra_config": {"kv_lease_duration": seconds}}
 
 
 def measure(
@@ -57,7 +52,7 @@ def measure(
     for round_ in range(rounds):
         for build, lease in arms:
             tag = f"lease-{lease}-r{round_}"
-            config = with_lease(lease)
+            config = nixl_with_lease(lease)
             run = LoadRun(build, case)
             with ExitStack() as stack:
                 pair = start_pair(

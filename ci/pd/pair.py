@@ -33,6 +33,14 @@ NIXL: dict[str, object] = {
     "kv_buffer_device": "cpu",
 }
 UNPATCHED, PATCHED, DROP_IN = "unpatched", "patched", "drop-in"
+
+
+def nixl_with_lease(seconds: int) -> dict[str, object]:
+    """Plain NixlConnector holding (prefill side) or renewing (decode side)
+    leases of `seconds` (`kv_lease_duration`, 30 by default)."""
+    return {**NIXL, "kv_connector_extra_config": {"kv_lease_duration": seconds}}
+
+
 HANDSHAKE_ATTEMPTS = 3
 # Drawn under a seed of its own, without a shared prefix: no block in common
 # with the suite's prompts.

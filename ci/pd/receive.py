@@ -53,7 +53,14 @@ from ci.pd.completions import (
 )
 from ci.pd.faults import prefill_only
 from ci.pd.load import INVALID_READ, count_lines, idle_usage
-from ci.pd.pair import NIXL, PATCHED, UNPATCHED, Layout, Pair, start_pair
+from ci.pd.pair import (
+    PATCHED,
+    UNPATCHED,
+    Layout,
+    Pair,
+    nixl_with_lease,
+    start_pair,
+)
 from vllm_overlay.errors import OverlayError
 
 # kv_lease_duration of both servers: the prefill server keeps a finished
@@ -61,10 +68,7 @@ from vllm_overlay.errors import OverlayError
 # LEASE_S // 6 seconds) renew it; the late rows wait it out and a margin.
 LEASE_S = 6
 LATE_S = LEASE_S + 2
-NIXL_LEASED: dict[str, object] = {
-    **NIXL,
-    "kv_connector_extra_config": {"kv_lease_duration": LEASE_S},
-}
+NIXL_LEASED = nixl_with_lease(LEASE_S)
 # The decode-side layouts, by name. The MultiConnector's other child is a
 # cache tier that reports only hits it holds: LMCache's connector, which the
 # patched build starts for a hybrid and which then has none (upstream does
