@@ -31,6 +31,7 @@ and the read in flight, left as `_read_blocks` leaves one (its handle in
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import socket
 import threading
@@ -44,6 +45,12 @@ import vllm.envs as envs
 from conftest import MakeScheduler
 from hybrid_scheduler import generation_request
 from nixl_sides import nixl_config, prefill_side_finished, prompt
+from scheduler_side_connector import StoreChild
+from vllm.config import KVTransferConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
+    MultiConnector,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
     NixlConnectorMetadata,
     NixlHandshakePayload,
@@ -57,7 +64,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import (
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, KVConnectorOutput
 from vllm.v1.request import RequestStatus
 
 NUM_TOKENS = 64
@@ -179,15 +186,22 @@ def decode_worker(engine_id: str, agent: _DoneReads) -> NixlConnectorWorker:
     return worker
 
 
-def read_completed(worker: NixlConnectorWorker, params: dict[str, Any]) -> None:
-    """The decode request's read of the prefill side's blocks, posted as
-    `_read_blocks` posts it, has completed."""
+def read_completed(
+    worker: NixlConnectorWorker,
+    params: dict[str, Any],
+    request_id: str = DECODE_REQUEST,
+    block_ids: list[int] | None = None,
+) -> None:
+    """The decode request's read of the prefill side's blocks into
+    `block_ids`, posted as `_read_blocks` posts it, has completed."""
     metadata = NixlConnectorMetadata()
-    metadata.add_new_req_to_recv(DECODE_REQUEST, ([5, 6, 7, 8],), params, (0,), True)
-    meta = metadata.reqs_to_recv[DECODE_REQUEST]
+    metadata.add_new_req_to_recv(
+        request_id, (block_ids or [5, 6, 7, 8],), params, (0,), True
+    )
+    meta = metadata.reqs_to_recv[request_id]
     meta.local_physical_block_ids = meta.local_block_ids
-    worker._recving_metadata[DECODE_REQUEST] = meta
-    worker._recving_transfers[DECODE_REQUEST] = [READ_HANDLE]
+    worker._recving_metadata[request_id] = meta
+    worker._recving_transfers[request_id] = [READ_HANDLE]
 
 
 def reported(worker: NixlConnectorWorker) -> tuple[bool, bool]:
@@ -353,4 +367,95 @@ def test_decode_side_reads_no_blocks_but_those_sent(
         f"the decode side scheduled a read of blocks {other['remote_block_ids']} "
         f"({status.name}), which the prefill side did not send with request "
         f"{params['remote_request_id']!r} (it sent {blocks})"
+    )
+
+
+def decode_config(layout: str) -> KVTransferConfig:
+    """The decode instance's connector under upstream's default
+    kv_load_failure_policy ("fail": a failed load fails the request):
+    NixlConnector alone, or as the first child of a MultiConnector whose
+    other child (an offloading tier with no hit) loads nothing."""
+    if layout == "NixlConnector":
+        return KVTransferConfig(
+            kv_connector="NixlConnector",
+            kv_role="kv_both",
+            kv_load_failure_policy="fail",
+        )
+    return KVTransferConfig(
+        kv_connector="MultiConnector",
+        kv_role="kv_both",
+        kv_load_failure_policy="fail",
+        kv_connector_extra_config={
+            "connectors": [
+                {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+                {
+                    "kv_connector": "StoreChild",
+                    "kv_role": "kv_both",
+                    "kv_connector_module_path": StoreChild.__module__,
+                    "kv_connector_extra_config": {"matched_tokens": 0},
+                },
+            ]
+        },
+    )
+
+
+def worker_output(
+    worker: NixlConnectorWorker, request_id: str, layout: str
+) -> KVConnectorOutput:
+    """Step the decode worker until it reports `request_id` (bounded): the
+    step's connector output as the model runner hands it to the scheduler,
+    the transfer results and then the worker metadata
+    (kv_connector_model_runner_mixin.py:94-104 of 0.32.0), which the real
+    MultiConnector wraps for its children in that layout (its other child
+    reports none)."""
+    for _ in range(MAX_STEPS):
+        results = worker.get_transfer_results()
+        if request_id in results.finished_recving:
+            connector: Any = object.__new__(NixlConnector)
+            connector.connector_worker = worker
+            if layout == "MultiConnector":
+                multi: Any = object.__new__(MultiConnector)
+                multi._connectors = [connector, object.__new__(StoreChild)]
+                connector = multi
+            return KVConnectorOutput(
+                finished_recving=results.finished_recving,
+                failed_recving=results.failed_recving,
+                kv_connector_worker_meta=connector.build_connector_worker_meta(),
+            )
+        time.sleep(STEP_S)
+    pytest.fail(f"the decode worker never reported request {request_id!r}")
+
+
+@pytest.mark.parametrize("layout", ["NixlConnector", "MultiConnector"])
+def test_decode_side_recomputes_a_read_it_did_not_use(
+    prefill: Scheduler, make_scheduler: MakeScheduler, layout: str
+) -> None:
+    """The prefill side released the request's blocks while the decode side
+    read them (its lease ran out mid-read): the decode side uses nothing it
+    read and computes the prompt itself, under upstream's default
+    kv_load_failure_policy ("fail") too: nothing failed that an operator
+    could act on, and computing the prompt answers correctly, where failing
+    answers HTTP 500."""
+    request, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(decode_config(layout))
+    [status] = scheduled(decode, params)
+    assert status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    read_id = f"{DECODE_REQUEST}-0"
+    released(prefill, request.request_id)
+    worker = decode_worker(params["remote_engine_id"], _DoneReads())
+    read_completed(worker, params, read_id)
+
+    output = worker_output(worker, read_id, layout)
+    decode.update_from_output(
+        decode.schedule(),
+        dataclasses.replace(EMPTY_MODEL_RUNNER_OUTPUT, kv_connector_output=output),
+    )
+    computed = decode.schedule().num_scheduled_tokens.get(read_id)
+
+    read = decode.requests[read_id]
+    assert read.status == RequestStatus.RUNNING and computed == NUM_TOKENS, (
+        f"request {read_id!r}, whose KV the decode side read after the prefill "
+        f"side had freed the blocks, ended {read.status.name} with "
+        f"{computed} of its {NUM_TOKENS} prompt tokens computed here: it must "
+        "compute the whole prompt (its read KV may be another request's)"
     )
