@@ -2,7 +2,7 @@
 host: the tiny Qwen3.5 hybrid's prefill and decode `vllm serve` (the
 patched build) behind upstream's toy proxy, each server run whole under
 `taskset -c <its core>` (the API server, the engine core and the worker, as
-`ci/pd/pair.py` runs the CPU suite's pairs and README tells users), against
+`ci/pd/pair.py` runs the CPU suite's pairs and docs/user/pd.md tells users), against
 vLLM's own placement, where VLLM_CPU_OMP_THREADS_BIND binds only the
 worker's model threads and the engine cores and API servers go wherever the
 kernel puts them (an engine core polls its worker, and steps a millisecond

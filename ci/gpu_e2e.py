@@ -57,7 +57,8 @@ decode worker dies at the first transfer, on the assert the
 
 Nothing here runs without an NVIDIA GPU: it says so and exits 0 (exit 1 with
 `--require-gpu`, for a GPU runner). This driver has never run on a GPU in this
-project's CI (no GPU there); README says what was run where.
+project's CI (no GPU there); README and docs/maintainer/testing.md say what
+was run where.
 
 Usage: python -m ci.gpu_e2e [RELEASE] [--require-gpu]
 """

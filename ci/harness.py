@@ -1,6 +1,7 @@
 """The whole test suite, as `tools/test.sh` runs it.
 
-1. Static checks and the tooling tests (seconds, no vLLM needed).
+1. Static checks, the docs site's strict build and the tooling tests (seconds,
+   no vLLM needed).
 2. Per pinned release: build the patched wheel, check that the series is
    exactly what `vllm-overlay refresh` writes (`refresh --check`), bring the
    release's cached environment up to date, run upstream vLLM's own tests
@@ -26,6 +27,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
@@ -117,17 +119,21 @@ def static_checks(reports: Path) -> tuple[list[str], Counts]:
     """Names of the failed checks, and the tooling tests' counts."""
     python = sys.executable
     tooling = reports / "tooling.xml"
-    steps = {
-        "ruff check": [python, "-m", "ruff", "check", "."],
-        "ruff format": [python, "-m", "ruff", "format", "--check", "."],
-        "vllm-overlay lint": [python, "-m", "vllm_overlay", "lint"],
-        "PATCHES.md current": [python, "-m", "vllm_overlay", "table", "--check"],
-        "tooling tests": [
-            *(python, "-m", "pytest", "tests/tooling", "-q"),
-            *("-p", "no:cacheprovider", "--junit-xml", str(tooling)),
-        ],
-    }
-    failed = [name for name, command in steps.items() if run(command, cwd=REPO_ROOT)]
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-site-") as site:
+        steps = {
+            "ruff check": [python, "-m", "ruff", "check", "."],
+            "ruff format": [python, "-m", "ruff", "format", "--check", "."],
+            "vllm-overlay lint": [python, "-m", "vllm_overlay", "lint"],
+            "PATCHES.md current": [python, "-m", "vllm_overlay", "table", "--check"],
+            # mkdocs.yml sets strict: a broken link or anchor, or a page left
+            # out of the nav, fails the build.
+            "docs build": [python, "-m", "mkdocs", "build", "--strict", "-d", site],
+            "tooling tests": [
+                *(python, "-m", "pytest", "tests/tooling", "-q"),
+                *("-p", "no:cacheprovider", "--junit-xml", str(tooling)),
+            ],
+        }
+        failed = [n for n, command in steps.items() if run(command, cwd=REPO_ROOT)]
     return failed, junit_counts(tooling)
 
 

@@ -118,18 +118,18 @@ def start_vllm(
     choice by default), with a NIXL side channel of its own and `host_env`
     (a case's host pin) on top; its log is `<logs>/<name>.log`.
 
-    With `confine`, the whole server runs on `cores` (`taskset`), as README
-    tells users to run a P/D pair on a CPU host. VLLM_CPU_OMP_THREADS_BIND
-    binds only the worker's model threads; the API server and the engine
-    core run wherever the kernel puts them. The engine core waits for its
-    worker by polling, spinning with a yield for up to a second after each
-    answer (shm_broadcast.py:199-208 in 0.32.0), and keeps stepping, a millisecond
-    apart when no model runs, while a request waits for its KV or the
-    connector holds a finished request's blocks (v1/engine/core.py:1534-1540,
-    :1613-1617), so an unconfined engine core that lands on
-    the other server's model core takes about half of it: that server's
-    forward passes and, without NIXL's progress thread, its transfers slow
-    down, the pulls wait longer and the engine polls longer (README, "A P/D
+    With `confine`, the whole server runs on `cores` (`taskset`), as
+    docs/user/pd.md tells users to run a P/D pair on a CPU host.
+    VLLM_CPU_OMP_THREADS_BIND binds only the worker's model threads; the API
+    server and the engine core run wherever the kernel puts them. The engine
+    core waits for its worker by polling, spinning with a yield for up to a
+    second after each answer (shm_broadcast.py:199-208 in 0.32.0), and keeps
+    stepping, a millisecond apart when no model runs, while a request waits for
+    its KV or the connector holds a finished request's blocks
+    (v1/engine/core.py:1534-1540, :1613-1617), so an unconfined engine core that
+    lands on the other server's model core takes about half of it: that server's
+    forward passes and, without NIXL's progress thread, its transfers slow down,
+    the pulls wait longer and the engine polls longer (docs/user/pd.md, "A P/D
     pair on one CPU host")."""
     port = free_port()
     env = server_environment(layout.vllm_cache)

@@ -147,7 +147,8 @@ def test_release_without_series_and_series_without_pin(project):
 
 
 def test_pinned_release_without_series_yet_is_no_problem(project, capsys):
-    """Between pinning a release and rebasing onto it (README's life cycle)
+    """Between pinning a release and rebasing onto it (docs/maintainer/releases.md,
+    "The life of a release")
     lint passes and says so."""
     project.pin_release("9.10.0", SCHEDULER_SOURCE)
     assert lint(project.patches) == []

@@ -100,8 +100,9 @@ def series_files(checkout: Checkout) -> list[str]:
     for version in checkout.pins:
         directory = series_dir(checkout.patches_root, version)
         if not directory.exists():
-            # Between pinning a release and rebasing onto it (README,
-            # "Rebasing onto a new release"): a normal state, not a problem.
+            # Between pinning a release and rebasing onto it (docs/maintainer/
+            # releases.md, "Rebasing onto a new release"): a normal state, not a
+            # problem.
             _note(
                 f"vLLM {version} is pinned and has no series yet "
                 f"(`vllm-overlay rebase FROM {version}` writes it)"
