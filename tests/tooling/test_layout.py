@@ -27,6 +27,7 @@ STAGES = {
     "testing": 4,
     "doctor": 4,
     "track": 5,
+    "arguments": 6,
     "cli": 6,
     "launcher": 7,
     "__main__": 8,

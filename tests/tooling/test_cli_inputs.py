@@ -1,0 +1,67 @@
+"""The front door: `--help`, and each bad input of issue 38 answered in one
+line that says what to do, with nothing written."""
+
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from vllm_overlay.cli import HANDLERS
+
+
+def files_under(root: Path) -> dict[Path, bytes]:
+    """Every file under `root` with its bytes, to show that nothing changed."""
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def refusal(capsys, *argv: str) -> str:
+    """The one line `vllm-overlay ARGV...` refuses with (status 1, no stdout)."""
+    code, out, err = run_cli(capsys, *argv)
+    assert (code, out) == (1, "")
+    (line,) = err.splitlines()
+    assert line.startswith("vllm-overlay: error: ")
+    return line
+
+
+def shown(capsys, *argv: str) -> str:
+    """The stdout of `vllm-overlay ARGV...` that prints and exits (`--help`,
+    `--version`)."""
+    with pytest.raises(SystemExit) as exited:
+        run_cli(capsys, *argv)
+    assert exited.value.code == 0
+    return capsys.readouterr().out
+
+
+# --- --help and --version
+
+
+def listed(help_text: str, title: str) -> list[str]:
+    """The command names of the `title:` paragraph of `--help`."""
+    (paragraph,) = [p for p in help_text.split("\n\n") if p.startswith(title)]
+    return [ln.split()[0] for ln in paragraph.splitlines()[1:] if ln[2] != " "]
+
+
+def test_help_lists_the_user_commands_apart_from_the_maintainer_commands(capsys):
+    text = shown(capsys, "--help")
+    assert listed(text, "commands:") == ["build", "serve", "doctor"]
+    maintainer = listed(text, "maintainer commands")
+    assert sorted(maintainer) == sorted(set(HANDLERS) - {"build", "doctor"})
+    assert text.index("\ncommands:") < text.index("\nmaintainer commands")
+
+
+@pytest.mark.parametrize("command", sorted(HANDLERS))
+def test_each_command_has_a_summary_in_both_helps(capsys, command):
+    listing = shown(capsys, "--help")
+    (entry,) = [ln for ln in listing.splitlines() if ln.startswith(f"  {command} ")]
+    summary = entry.split(maxsplit=1)[1]
+    assert len(summary) > 20
+    own = " ".join(shown(capsys, command, "--help").split())
+    assert summary in own
+
+
+# --- bad inputs
+
+
+def test_a_bad_argument_is_one_line_through_the_error_printer(capsys):
+    line = refusal(capsys, "bild")
+    assert "invalid choice: 'bild'" in line
