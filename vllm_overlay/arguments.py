@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.locations import file_in_the_way
 from vllm_overlay.series.pins import Dist
 from vllm_overlay.track.table import TABLE_FILE
 
@@ -21,6 +22,12 @@ PROG = "vllm-overlay"
 SUMMARY = (
     "Patch series over pinned vLLM releases for hybrid models with external KV caches."
 )
+# What a leftover argument most likely means, per command (default: see its help).
+LEFTOVER_HINTS = {
+    "doctor": "put vLLM's arguments after `--`: `vllm-overlay doctor "
+    "[--without-series] -- [MODEL] [SERVE FLAGS...]`",
+}
+
 Commands = argparse._SubParsersAction
 
 
@@ -32,8 +39,16 @@ class Parser(argparse.ArgumentParser):
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """`argv` as a command and its options."""
-    return build_parser().parse_args(argv)
+    """`argv` as a command and its options. An argument no option takes is
+    refused with what it most likely means (`LEFTOVER_HINTS`)."""
+    args, leftovers = build_parser().parse_known_args(argv)
+    if leftovers:
+        command = f"{PROG} {args.command}"
+        hint = LEFTOVER_HINTS.get(args.command, f"see `{command} --help`")
+        raise OverlayError(
+            f"{command}: unrecognized arguments: {' '.join(leftovers)} ({hint})"
+        )
+    return args
 
 
 def build_parser() -> Parser:
@@ -88,6 +103,18 @@ def _command(
     return commands.add_parser(name, help=summary, description=summary, **options)
 
 
+def _output_folder(value: str) -> Path:
+    """An `--out` folder. A file in the way (the path or a parent) is refused
+    before any work: the write would fail at the end with "File exists"."""
+    path = Path(value)
+    blocker = file_in_the_way(path)
+    if blocker is not None:
+        raise argparse.ArgumentTypeError(
+            f"{blocker} is a file, and --out names a folder"
+        )
+    return path
+
+
 # --- the user's commands
 
 
@@ -109,7 +136,7 @@ def _build(commands: Commands) -> argparse.ArgumentParser:
     )
     build.add_argument(
         "--out",
-        type=Path,
+        type=_output_folder,
         default="dist",
         metavar="DIR",
         help="the folder the wheel goes into (default: dist)",
@@ -211,7 +238,7 @@ def _rebase(commands: Commands) -> argparse.ArgumentParser:
     )
     rebase.add_argument(
         "--out",
-        type=Path,
+        type=_output_folder,
         metavar="DIR",
         help="with --source: the new folder",
     )
@@ -311,7 +338,7 @@ def _extract(commands: Commands) -> argparse.ArgumentParser:
     )
     extract.add_argument(
         "--out",
-        type=Path,
+        type=_output_folder,
         default="extract",
         metavar="DIR",
         help="the folder the PR description and the mbox go into (default: extract)",

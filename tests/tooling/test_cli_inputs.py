@@ -4,7 +4,7 @@ line that says what to do, with nothing written."""
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import RELEASE, run_cli
 
 from vllm_overlay.cli import HANDLERS
 
@@ -65,3 +65,55 @@ def test_each_command_has_a_summary_in_both_helps(capsys, command):
 def test_a_bad_argument_is_one_line_through_the_error_printer(capsys):
     line = refusal(capsys, "bild")
     assert "invalid choice: 'bild'" in line
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_a_cache_variable_naming_a_file(project, tmp_path, capsys, monkeypatch, below):
+    cache = tmp_path / "cache-file"
+    cache.write_text("not a folder\n")
+    monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(cache / below))
+    before = files_under(tmp_path)
+    line = refusal(capsys, "build", "--out", str(tmp_path / "dist"))
+    assert f"the cache {cache / below} (from $VLLM_OVERLAY_CACHE)" in line
+    assert f"{cache} is a file; set VLLM_OVERLAY_CACHE to a folder" in line
+    assert files_under(tmp_path) == before
+
+
+def test_build_from_an_installed_vllm_overlay(tmp_path, capsys, monkeypatch):
+    """Installed, the package's parent is site-packages: no `patches/`."""
+    monkeypatch.delenv("VLLM_OVERLAY_PATCHES", raising=False)
+    monkeypatch.setattr("vllm_overlay.locations.REPO_ROOT", tmp_path / "site")
+    line = refusal(capsys, "build", "--out", str(tmp_path / "dist"))
+    assert "this command needs a checkout of the vllm-overlay repository" in line
+    assert "run `vllm-overlay serve`" in line
+    assert "git clone the repository" in line
+    assert "releases.toml" not in line
+    assert not (tmp_path / "dist").exists()
+
+
+def test_doctor_with_vllm_flags_before_the_double_dash(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = refusal(capsys, "doctor", "--kv-transfer-config", "{}")
+    assert "unrecognized arguments: --kv-transfer-config" in line
+    assert "put vLLM's arguments after `--`: `vllm-overlay doctor " in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["build"],
+        ["extract", "scheduler-demo.patch"],
+        ["rebase", RELEASE, "--source", "clone"],
+    ],
+    ids=["build", "extract", "rebase"],
+)
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_out_naming_a_file(project, tmp_path, capsys, monkeypatch, argv, below):
+    monkeypatch.chdir(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text("# a file\n")
+    before = files_under(tmp_path)
+    line = refusal(capsys, *argv, "--out", str(Path("README.md") / below))
+    assert "argument --out: README.md is a file, and --out names a folder" in line
+    assert files_under(tmp_path) == before
