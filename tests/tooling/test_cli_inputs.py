@@ -4,7 +4,7 @@ line that says what to do, with nothing written."""
 from pathlib import Path
 
 import pytest
-from conftest import RELEASE, run_cli
+from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, run_cli
 
 from vllm_overlay.cli import HANDLERS
 
@@ -117,3 +117,25 @@ def test_out_naming_a_file(project, tmp_path, capsys, monkeypatch, argv, below):
     line = refusal(capsys, *argv, "--out", str(Path("README.md") / below))
     assert "argument --out: README.md is a file, and --out names a folder" in line
     assert files_under(tmp_path) == before
+
+
+def test_lint_names_the_checks_it_skipped(project, capsys):
+    before = files_under(project.cache)
+    code, out, _ = run_cli(capsys, "lint")
+    assert code == 0
+    assert out == (
+        "vllm-overlay lint: no problem found, but zero-fuzz application was "
+        f"skipped for vLLM {RELEASE}: their sources are not cached "
+        "(`tools/test.sh RELEASE` downloads them)\n"
+    )
+    assert files_under(project.cache) == before
+
+
+def test_lint_with_the_sources_gives_the_full_verdict(project, capsys):
+    sources = project.cache / "sources" / f"vllm-{RELEASE}"
+    (sources / SCHEDULER).parent.mkdir(parents=True)
+    (sources / SCHEDULER).write_text(SCHEDULER_SOURCE)
+    # The pin's sdist sha256 is 64 zeros (`conftest.Project.pin`).
+    (sources / ".vllm-overlay-sdist-sha256").write_text("0" * 64 + "\n")
+    code, out, _ = run_cli(capsys, "lint")
+    assert (code, out) == (0, "vllm-overlay lint: the series are well-formed\n")
