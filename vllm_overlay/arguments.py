@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
+from vllm_overlay.about import version_text
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import file_in_the_way
 from vllm_overlay.series.pins import Dist
@@ -38,6 +39,26 @@ class Parser(argparse.ArgumentParser):
         raise OverlayError(f"{self.prog}: {message} (see `{self.prog} --help`)")
 
 
+class ShowVersion(argparse.Action):
+    """`--version`, worked out only when asked: it reads the pins and runs git."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str) -> None:
+        super().__init__(
+            option_strings, argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0
+        )
+        self.help = help
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> NoReturn:
+        print(version_text(), end="")
+        parser.exit()
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     """`argv` as a command and its options. An argument no option takes is
     refused with what it most likely means (`LEFTOVER_HINTS`)."""
@@ -56,8 +77,14 @@ def build_parser() -> Parser:
     the maintainer's apart, each with its summary."""
     parser = Parser(
         prog=PROG,
-        usage=f"{PROG} [-h] COMMAND ...",
+        usage=f"{PROG} [-h] [--version] COMMAND ...",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--version",
+        action=ShowVersion,
+        help="print the tool's version and commit, and each pinned release's "
+        "series revision",
     )
     commands = parser.add_subparsers(
         prog=PROG,

@@ -1,12 +1,15 @@
-"""The front door: `--help`, and each bad input of issue 38 answered in one
-line that says what to do, with nothing written."""
+"""The front door: `--help` and `--version`, and each bad input of issue 38
+answered in one line that says what to do, with nothing written."""
 
+import importlib.metadata
+import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, run_cli
+from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, run_cli, run_git
 
 from vllm_overlay.cli import HANDLERS
+from vllm_overlay.locations import PINS_FILE, REPO_ROOT
 
 
 def files_under(root: Path) -> dict[Path, bytes]:
@@ -57,6 +60,22 @@ def test_each_command_has_a_summary_in_both_helps(capsys, command):
     assert len(summary) > 20
     own = " ".join(shown(capsys, command, "--help").split())
     assert summary in own
+
+
+def test_version_names_the_tool_its_commit_and_every_pinned_revision(
+    capsys, monkeypatch
+):
+    monkeypatch.delenv("VLLM_OVERLAY_PATCHES", raising=False)
+    text = shown(capsys, "--version")
+    first = text.splitlines()[0]
+    assert first.startswith(
+        f"vllm-overlay {importlib.metadata.version('vllm-overlay')} "
+    )
+    head = run_git(REPO_ROOT, "rev-parse", "--short=12", "HEAD").strip()
+    assert f"(commit {head})" in first
+    pins = tomllib.loads((REPO_ROOT / "patches" / PINS_FILE).read_text())
+    for version, table in pins["releases"].items():
+        assert f"{version}+hybridkv.{table['revision']}" in text
 
 
 # --- bad inputs
