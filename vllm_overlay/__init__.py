@@ -5,5 +5,3 @@ full attention) work with external KV caches. This package holds the tooling
 that keeps the series honest: the series model and its linter, the zero-fuzz
 applier and the patched-wheel builder.
 """
-
-__version__ = "0.1.0"

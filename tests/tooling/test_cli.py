@@ -99,15 +99,6 @@ def test_corrupted_cache_is_not_used(project, tmp_path, capsys, offline):
     assert not cached.exists()
 
 
-def test_unwritable_dist(project, tmp_path, capsys):
-    target = tmp_path / "d"
-    target.write_text("")
-    code, _, err = run_cli(capsys, "build", "--out", str(target))
-    assert code == 1
-    assert "cannot write" in err
-    assert target.read_text() == ""
-
-
 def test_lint_reports_problems_and_exit_code(project, capsys):
     assert run_cli(capsys, "lint")[0] == 0
     (project.series_dir / "stray.patch").write_text("x")

@@ -20,6 +20,8 @@ STAGES = {
     "git": 0,
     "trees": 0,
     "dist_metadata": 0,
+    # Written by setuptools-scm when the package is built or installed.
+    "_version": 0,
     "series": 1,
     "upstream": 2,
     "wheel": 3,
@@ -27,6 +29,8 @@ STAGES = {
     "testing": 4,
     "doctor": 4,
     "track": 5,
+    "about": 6,
+    "arguments": 6,
     "cli": 6,
     "launcher": 7,
     "__main__": 8,

@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import SCHEDULER, Project, format_patch, make_wheel
+from conftest import SCHEDULER, Project, format_patch, make_wheel, run_git
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PACKAGED_PATCHES, REPO_ROOT, series_root
@@ -261,26 +261,36 @@ def test_pyproject_lists_every_package():
     assert sorted(listed - on_disk) == ["vllm_overlay.patches"]
 
 
-def test_the_wheel_carries_the_series_and_the_boot_directory(tmp_path):
-    source = tmp_path / "source"
+def copy_of_the_checkout(target: Path) -> Path:
+    """What the wheel is built from, without the checkout's git metadata."""
     for name in ("pyproject.toml", "README.md"):
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        (source / name).write_bytes((REPO_ROOT / name).read_bytes())
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        (target / name).write_bytes((REPO_ROOT / name).read_bytes())
     for tree in ("vllm_overlay", "patches"):
         for path in (REPO_ROOT / tree).rglob("*"):
-            if path.is_file() and "__pycache__" not in path.parts:
-                target = source / path.relative_to(REPO_ROOT)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(path.read_bytes())
+            generated = "__pycache__" in path.parts or path.name == "_version.py"
+            if path.is_file() and not generated:
+                copied = target / path.relative_to(REPO_ROOT)
+                copied.parent.mkdir(parents=True, exist_ok=True)
+                copied.write_bytes(path.read_bytes())
+    return target
+
+
+def build_wheel(source: Path, out: Path) -> Path:
     subprocess.run(
         [
             *(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet"),
-            *("--no-build-isolation", "-w", str(tmp_path / "out"), str(source)),
+            *("--no-build-isolation", "-w", str(out), str(source)),
         ],
         check=True,
         capture_output=True,
     )
-    (wheel,) = (tmp_path / "out").glob("*.whl")
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+def test_the_wheel_carries_the_series_and_the_boot_directory(tmp_path):
+    wheel = build_wheel(copy_of_the_checkout(tmp_path / "source"), tmp_path / "out")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "vllm_overlay/runtime/boot/sitecustomize.py" in names
     assert "vllm_overlay/patches/vllm/releases.toml" in names
@@ -289,6 +299,73 @@ def test_the_wheel_carries_the_series_and_the_boot_directory(tmp_path):
         assert f"vllm_overlay/patches/{directory}/series" in names
         for patch in series.parent.glob("*.patch"):
             assert f"vllm_overlay/patches/{directory}/{patch.name}" in names
+
+
+def test_without_git_metadata_the_wheel_has_the_fallback_version(tmp_path):
+    wheel = build_wheel(copy_of_the_checkout(tmp_path / "source"), tmp_path / "out")
+    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    fallback = config["tool"]["setuptools_scm"]["fallback_version"]
+    assert wheel.name == f"vllm_overlay-{fallback}-py3-none-any.whl"
+
+
+@pytest.fixture(scope="module")
+def installed_from_git(tmp_path_factory) -> tuple[Path, str]:
+    """The tool's wheel built from a git checkout of one commit, unpacked as
+    pip installs it; and that commit."""
+    tmp_path = tmp_path_factory.mktemp("from-git")
+    source = copy_of_the_checkout(tmp_path / "source")
+    run_git(source, "init", "-q")
+    run_git(source, "add", "-A")
+    run_git(source, "commit", "-qm", "a checkout")
+    head = run_git(source, "rev-parse", "HEAD").strip()
+    wheel = build_wheel(source, tmp_path / "out")
+    return install(wheel, tmp_path / "site"), head
+
+
+def run_installed(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`vllm-overlay ARGS...` of the tool installed in `site`, run in `site`
+    with no checkout to find."""
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    env.pop("VLLM_OVERLAY_PATCHES", None)
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_overlay", *args],
+        cwd=site,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_a_wheel_built_from_git_names_its_commit(installed_from_git):
+    """Each commit builds its own version, so pip never takes a newer
+    checkout for the version already installed; the installed tool names
+    the commit without git."""
+    site, head = installed_from_git
+    (info,) = site.glob("vllm_overlay-*.dist-info")
+    version = importlib.metadata.Distribution.at(info).version
+    # With no release tag yet, setuptools-scm counts from the fallback version
+    # (0.2.0.dev0): one commit of history.
+    assert version.startswith("0.2.0.dev1+g")
+    short = version.removeprefix("0.2.0.dev1+g")
+    assert head.startswith(short)
+    shown = run_installed(site, "--version")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith(f"vllm-overlay {version} (commit {short})\n")
+    assert "hybridkv." in shown.stdout
+
+
+def test_an_installed_tool_says_build_needs_a_checkout(installed_from_git):
+    site, _ = installed_from_git
+    before = sorted(site.rglob("*"))
+    refused = run_installed(site, "build", "--out", "dist")
+    assert (refused.returncode, refused.stdout) == (1, "")
+    (line,) = refused.stderr.splitlines()
+    assert line.startswith(
+        "vllm-overlay: error: this command needs a checkout of the vllm-overlay "
+        "repository"
+    )
+    assert sorted(site.rglob("*")) == before
 
 
 # --- the serving process and its children

@@ -20,7 +20,9 @@ dropped patches, it checks what ties them to the rest of the checkout:
   never reaches a build under the version of the old one.
 
 A check that cannot run here (no git checkout, sources not cached) is named on
-stderr as skipped; it is not a problem.
+stderr as skipped; it is not a problem, but the closing verdict names the
+releases whose series were not applied (`releases_without_sources`) rather
+than claim them well-formed.
 """
 
 import ast
@@ -350,6 +352,21 @@ def application_problems(checkout: Checkout) -> list[str]:
             except OverlayError as exc:
                 problems.append(f"{exc} (its cached sources {sources})")
     return problems
+
+
+def releases_without_sources(
+    patches_root: Path, cache: Path | None = None
+) -> list[str]:
+    """The pinned releases whose sources are not cached, oldest first: the
+    series `application_problems` could not check, which `lint`'s verdict
+    must name rather than claim."""
+    pins = load_pins(patches_root / PINS_FILE)
+    cache = cache or cache_root()
+    return [
+        version
+        for version in sorted(pins, key=Version)
+        if cached_sdist_tree(pins[version], cache) is None
+    ]
 
 
 # Every check of `vllm-overlay lint`, in the order its problems are listed.

@@ -1,0 +1,384 @@
+"""What the `vllm-overlay` command line accepts: each command, its options
+and its one-line summary, the user's commands listed apart from the
+maintainer's. `vllm_overlay.cli` runs what `parse` returns.
+
+A refusal here is an `OverlayError` like any other command's, so argparse's
+own usage block and exit status 2 never reach the user: every bad input is
+one line, printed by `errors.report_error`.
+"""
+
+import argparse
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+from vllm_overlay.about import version_text
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.locations import file_in_the_way
+from vllm_overlay.series.pins import Dist
+from vllm_overlay.track.table import TABLE_FILE
+
+PROG = "vllm-overlay"
+SUMMARY = (
+    "Patch series over pinned vLLM releases for hybrid models with external KV caches."
+)
+# What a leftover argument most likely means, per command (default: see its help).
+LEFTOVER_HINTS = {
+    "doctor": "put vLLM's arguments after `--`: `vllm-overlay doctor "
+    "[--without-series] -- [MODEL] [SERVE FLAGS...]`",
+}
+
+Commands = argparse._SubParsersAction
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, refusing as every command refuses."""
+
+    def error(self, message: str) -> NoReturn:
+        raise OverlayError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+class ShowVersion(argparse.Action):
+    """`--version`, worked out only when asked: it reads the pins and runs git."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str) -> None:
+        super().__init__(
+            option_strings, argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0
+        )
+        self.help = help
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> NoReturn:
+        print(version_text(), end="")
+        parser.exit()
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """`argv` as a command and its options. An argument no option takes is
+    refused with what it most likely means (`LEFTOVER_HINTS`)."""
+    args, leftovers = build_parser().parse_known_args(argv)
+    if leftovers:
+        command = f"{PROG} {args.command}"
+        hint = LEFTOVER_HINTS.get(args.command, f"see `{command} --help`")
+        raise OverlayError(
+            f"{command}: unrecognized arguments: {' '.join(leftovers)} ({hint})"
+        )
+    return args
+
+
+def build_parser() -> Parser:
+    """The whole command line; `--help` lists the user's commands first and
+    the maintainer's apart, each with its summary."""
+    parser = Parser(
+        prog=PROG,
+        usage=f"{PROG} [-h] [--version] COMMAND ...",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--version",
+        action=ShowVersion,
+        help="print the tool's version and commit, and each pinned release's "
+        "series revision",
+    )
+    commands = parser.add_subparsers(
+        prog=PROG,
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        help=argparse.SUPPRESS,
+    )
+    user = [add(commands) for add in USER_COMMANDS]
+    staff = [add(commands) for add in MAINTAINER_COMMANDS]
+    parser.description = "\n\n".join(
+        [
+            SUMMARY,
+            _listing("commands", user),
+            _listing("maintainer commands (in a checkout of the repository)", staff),
+            f"`{PROG} COMMAND --help` gives a command's options.",
+        ]
+    )
+    return parser
+
+
+def _listing(title: str, parsers: list[argparse.ArgumentParser]) -> str:
+    """`title:` and each command's name with its summary beside it."""
+    lines = [f"{title}:"]
+    for parser in parsers:
+        name = parser.prog.removeprefix(f"{PROG} ")
+        lines.append(
+            textwrap.fill(
+                parser.description or "",
+                width=79,
+                initial_indent=f"  {name:<9}",
+                subsequent_indent=" " * 11,
+            )
+        )
+    return "\n".join(lines)
+
+
+def _command(
+    commands: Commands, name: str, summary: str, **options: object
+) -> argparse.ArgumentParser:
+    """Command `name`; its one-line `summary` is its line in `vllm-overlay
+    --help` and the first line of its own `--help`."""
+    return commands.add_parser(name, help=summary, description=summary, **options)
+
+
+def _output_folder(value: str) -> Path:
+    """An `--out` folder. A file in the way (the path or a parent) is refused
+    before any work: the write would fail at the end with "File exists"."""
+    path = Path(value)
+    blocker = file_in_the_way(path)
+    if blocker is not None:
+        raise argparse.ArgumentTypeError(
+            f"{blocker} is a file, and --out names a folder"
+        )
+    return path
+
+
+# --- the user's commands
+
+
+def _build(commands: Commands) -> argparse.ArgumentParser:
+    build = _command(
+        commands,
+        "build",
+        "build the patched wheel of a pinned release (in a checkout of the repository)",
+    )
+    build.add_argument(
+        "release", nargs="?", help="pinned vLLM release (default: the newest)"
+    )
+    build.add_argument(
+        "--dist",
+        type=Dist,
+        choices=list(Dist),
+        default=Dist.VLLM,
+        help="upstream distribution to patch (default: vllm)",
+    )
+    build.add_argument(
+        "--out",
+        type=_output_folder,
+        default="dist",
+        metavar="DIR",
+        help="the folder the wheel goes into (default: dist)",
+    )
+    return build
+
+
+def _serve(commands: Commands) -> argparse.ArgumentParser:
+    # Only listed here: `vllm_overlay.launcher` runs `serve` before this
+    # module is imported, handing every argument after it to vLLM.
+    return _command(
+        commands,
+        "serve",
+        "`vllm serve ARGS...` with the series for the installed vLLM active in "
+        "every vLLM process (nothing is installed)",
+        add_help=False,
+    )
+
+
+def _doctor(commands: Commands) -> argparse.ArgumentParser:
+    doctor = _command(
+        commands,
+        "doctor",
+        "say which `vllm serve` flags fail or silently degrade for hybrid "
+        "models with KV connectors, without starting vLLM",
+        usage=f"{PROG} doctor [--without-series] [--] [MODEL] [SERVE FLAGS...]",
+    )
+    doctor.add_argument(
+        "--without-series",
+        action="store_true",
+        help="judge plain `vllm serve` of an unpatched build (default: as "
+        "`vllm-overlay serve` runs it, with the series applied)",
+    )
+    doctor.add_argument(
+        "serve_args",
+        nargs=argparse.REMAINDER,
+        help="the arguments of `vllm serve` (a first flag needs `--` before it)",
+    )
+    return doctor
+
+
+USER_COMMANDS: tuple[Callable[[Commands], argparse.ArgumentParser], ...] = (
+    _build,
+    _serve,
+    _doctor,
+)
+
+
+# --- the maintainer's commands
+
+
+def _status(commands: Commands) -> argparse.ArgumentParser:
+    status = _command(
+        commands,
+        "status",
+        "how each patch of the nearest series fares against vLLM releases",
+    )
+    status.add_argument(
+        "releases",
+        nargs="*",
+        metavar="RELEASE",
+        help="vLLM releases, pinned or not (default: every pinned release)",
+    )
+    status.add_argument(
+        "--source",
+        metavar="PATH[@REF]",
+        help="check a vLLM git clone at REF (default HEAD) instead of releases",
+    )
+    status.add_argument("--json", action="store_true", help="print JSON rows")
+    status.add_argument(
+        "--probe",
+        action="store_true",
+        help="also run each patch's probes on the unpatched release, in its "
+        "cached test environment (still needed / upstream-equivalent)",
+    )
+    status.add_argument(
+        "--record",
+        action="store_true",
+        help=f"keep each pinned release's verdicts for the {TABLE_FILE} column "
+        "'Last status' and regenerate it",
+    )
+    return status
+
+
+def _rebase(commands: Commands) -> argparse.ArgumentParser:
+    rebase = _command(
+        commands,
+        "rebase",
+        "replay a release's series onto another pinned release (3-way)",
+    )
+    rebase.add_argument(
+        "releases", nargs="*", metavar="FROM TO", help="the two pinned releases"
+    )
+    rebase.add_argument(
+        "--source",
+        metavar="PATH[@REF]",
+        help="replay FROM onto a vLLM git clone at REF (default HEAD) instead of "
+        "a release; the series goes to --out, nothing is pinned",
+    )
+    rebase.add_argument(
+        "--out",
+        type=_output_folder,
+        metavar="DIR",
+        help="with --source: the new folder",
+    )
+    step = rebase.add_mutually_exclusive_group()
+    step.add_argument(
+        "--continue",
+        dest="resume",
+        action="store_true",
+        help="go on after resolving the conflict of the stopped patch",
+    )
+    step.add_argument(
+        "--skip", action="store_true", help="drop the stopped patch and go on"
+    )
+    step.add_argument(
+        "--abort", action="store_true", help="give the rebase up; nothing is written"
+    )
+    return rebase
+
+
+def _refresh(commands: Commands) -> argparse.ArgumentParser:
+    refresh = _command(
+        commands, "refresh", "re-export a release's series from a patched git tree"
+    )
+    refresh.add_argument("release", help="pinned vLLM release")
+    refresh.add_argument(
+        "--repo",
+        type=Path,
+        help="git work tree: upstream files plus one commit a patch",
+    )
+    refresh.add_argument("--base", help="the commit of the pristine files")
+    refresh.add_argument(
+        "--check",
+        action="store_true",
+        help="fail if the series is not what a refresh of itself writes",
+    )
+    return refresh
+
+
+def _pin(commands: Commands) -> argparse.ArgumentParser:
+    pin = _command(
+        commands,
+        "pin",
+        "pin a release's sdist and wheels, with sha256, in releases.toml "
+        "(--bump: record a changed series under a new revision)",
+    )
+    pin.add_argument("release", help="the vLLM release")
+    pin.add_argument(
+        "--dist",
+        action="append",
+        type=Dist,
+        choices=list(Dist),
+        help="a distribution whose wheels to pin, repeatable (default: every "
+        "known one that has wheels)",
+    )
+    pin.add_argument(
+        "--bump",
+        action="store_true",
+        help="record the release's current series next to its revision, "
+        "incrementing the revision when the recorded series changed",
+    )
+    return pin
+
+
+def _lint(commands: Commands) -> argparse.ArgumentParser:
+    return _command(
+        commands,
+        "lint",
+        "check pins, series files, patch trailers and probe ids, and each "
+        "series against its release's cached sources",
+    )
+
+
+def _table(commands: Commands) -> argparse.ArgumentParser:
+    table = _command(
+        commands, "table", f"print the generated {TABLE_FILE} (or --write / --check it)"
+    )
+    mode = table.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help=f"rewrite {TABLE_FILE}")
+    mode.add_argument(
+        "--check", action="store_true", help=f"fail if {TABLE_FILE} is out of date"
+    )
+    return table
+
+
+def _extract(commands: Commands) -> argparse.ArgumentParser:
+    extract = _command(
+        commands, "extract", "turn one patch into an upstream-ready contribution"
+    )
+    extract.add_argument("patch", help="patch file name (with or without .patch)")
+    extract.add_argument(
+        "--base", help="pinned release whose series holds it (default: the newest)"
+    )
+    extract.add_argument(
+        "--repo",
+        type=Path,
+        help="a vLLM git checkout: apply the contribution there on a new branch",
+    )
+    extract.add_argument(
+        "--out",
+        type=_output_folder,
+        default="extract",
+        metavar="DIR",
+        help="the folder the PR description and the mbox go into (default: extract)",
+    )
+    return extract
+
+
+MAINTAINER_COMMANDS: tuple[Callable[[Commands], argparse.ArgumentParser], ...] = (
+    _status,
+    _rebase,
+    _refresh,
+    _pin,
+    _lint,
+    _table,
+    _extract,
+)
