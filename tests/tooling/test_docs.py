@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_overlay.cli import _parser
+from vllm_overlay.arguments import build_parser
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.loader import pinned_releases
 
@@ -78,7 +78,7 @@ def code_of(text: str) -> list[str]:
 def subcommands() -> dict[str, argparse.ArgumentParser]:
     (commands,) = (
         action
-        for action in _parser()._actions
+        for action in build_parser()._actions
         if isinstance(action, argparse._SubParsersAction)
     )
     return dict(commands.choices)
