@@ -65,7 +65,7 @@ from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, KVConnectorOutput
-from vllm.v1.request import RequestStatus
+from vllm.v1.request import Request, RequestStatus
 
 NUM_TOKENS = 64
 DECODE_REQUEST = "decode"
@@ -370,24 +370,26 @@ def test_decode_side_reads_no_blocks_but_those_sent(
     )
 
 
-def decode_config(layout: str) -> KVTransferConfig:
+def decode_config(layout: str, **nixl_extra_config: str) -> KVTransferConfig:
     """The decode instance's connector under upstream's default
     kv_load_failure_policy ("fail": a failed load fails the request):
     NixlConnector alone, or as the first child of a MultiConnector whose
-    other child (an offloading tier with no hit) loads nothing."""
+    other child (an offloading tier with no hit) loads nothing; with
+    `nixl_extra_config` as NixlConnector's extra config."""
+    nixl = {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": nixl_extra_config,
+    }
     if layout == "NixlConnector":
-        return KVTransferConfig(
-            kv_connector="NixlConnector",
-            kv_role="kv_both",
-            kv_load_failure_policy="fail",
-        )
+        return KVTransferConfig(**nixl, kv_load_failure_policy="fail")
     return KVTransferConfig(
         kv_connector="MultiConnector",
         kv_role="kv_both",
         kv_load_failure_policy="fail",
         kv_connector_extra_config={
             "connectors": [
-                {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+                nixl,
                 {
                     "kv_connector": "StoreChild",
                     "kv_role": "kv_both",
@@ -426,18 +428,14 @@ def worker_output(
     pytest.fail(f"the decode worker never reported request {request_id!r}")
 
 
-@pytest.mark.parametrize("layout", ["NixlConnector", "MultiConnector"])
-def test_decode_side_recomputes_a_read_it_did_not_use(
-    prefill: Scheduler, make_scheduler: MakeScheduler, layout: str
-) -> None:
-    """The prefill side released the request's blocks while the decode side
-    read them (its lease ran out mid-read): the decode side uses nothing it
-    read and computes the prompt itself, under upstream's default
-    kv_load_failure_policy ("fail") too: nothing failed that an operator
-    could act on, and computing the prompt answers correctly, where failing
-    answers HTTP 500."""
+def read_after_release(
+    prefill: Scheduler, decode: Scheduler, layout: str
+) -> tuple[Request | None, int | None]:
+    """A decode request whose read completed after the prefill side freed
+    its blocks (its lease ran out mid-read), once the decode scheduler took
+    the step's output: the request, and how many of its tokens the decode
+    instance computes in its next step (None: it finished and is gone)."""
     request, params = prefill_side_finished(prefill, NUM_TOKENS)
-    decode = make_scheduler(decode_config(layout))
     [status] = scheduled(decode, params)
     assert status == RequestStatus.WAITING_FOR_REMOTE_KVS
     read_id = f"{DECODE_REQUEST}-0"
@@ -451,11 +449,58 @@ def test_decode_side_recomputes_a_read_it_did_not_use(
         dataclasses.replace(EMPTY_MODEL_RUNNER_OUTPUT, kv_connector_output=output),
     )
     computed = decode.schedule().num_scheduled_tokens.get(read_id)
+    return decode.requests.get(read_id), computed
 
-    read = decode.requests[read_id]
-    assert read.status == RequestStatus.RUNNING and computed == NUM_TOKENS, (
-        f"request {read_id!r}, whose KV the decode side read after the prefill "
-        f"side had freed the blocks, ended {read.status.name} with "
-        f"{computed} of its {NUM_TOKENS} prompt tokens computed here: it must "
-        "compute the whole prompt (its read KV may be another request's)"
+
+@pytest.mark.parametrize("layout", ["NixlConnector", "MultiConnector"])
+def test_decode_side_recomputes_a_read_it_did_not_use(
+    prefill: Scheduler, make_scheduler: MakeScheduler, layout: str
+) -> None:
+    """The prefill side released the request's blocks while the decode side
+    read them (its lease ran out mid-read): the decode side uses nothing it
+    read and computes the prompt itself, under upstream's default
+    kv_load_failure_policy ("fail") too: nothing failed that an operator
+    could act on, and computing the prompt answers correctly, where failing
+    answers HTTP 500."""
+    decode = make_scheduler(decode_config(layout))
+
+    read, computed = read_after_release(prefill, decode, layout)
+
+    assert read is not None and read.status == RequestStatus.RUNNING, (
+        f"the decode side's request whose read it did not use ended "
+        f"{read.status.name if read else 'finished and gone'}: it must compute "
+        "its prompt, whatever kv_load_failure_policy says"
     )
+    assert computed == NUM_TOKENS, (
+        f"the decode side computes {computed} of the {NUM_TOKENS} prompt tokens "
+        f"of request {read.request_id!r}, whose KV it read after the prefill "
+        "side had freed the blocks: it must compute the whole prompt (the KV "
+        "it read may be another request's)"
+    )
+
+
+def test_declined_reads_can_follow_the_failure_policy(
+    prefill: Scheduler, make_scheduler: MakeScheduler
+) -> None:
+    """An operator who wants such a request to fail rather than be computed
+    (`"declined_reads": "kv_load_failure_policy"` in NixlConnector's extra
+    config) gets kv_load_failure_policy's answer: "fail" fails it."""
+    decode = make_scheduler(
+        decode_config("NixlConnector", declined_reads="kv_load_failure_policy")
+    )
+
+    read, _ = read_after_release(prefill, decode, "NixlConnector")
+
+    assert read is None, (
+        f"request {read.request_id!r}, whose read was declined under "
+        f"kv_load_failure_policy 'fail', ended {read.status.name}"
+    )
+
+
+def test_declined_reads_takes_only_its_two_values(
+    make_scheduler: MakeScheduler,
+) -> None:
+    """A misspelt "declined_reads" is refused when the connector is built,
+    naming the key and its values, rather than silently recomputing."""
+    with pytest.raises(ValueError, match=r"declined_reads.*recompute"):
+        make_scheduler(decode_config("NixlConnector", declined_reads="fail"))
