@@ -304,6 +304,26 @@ def _refresh(commands: Commands) -> argparse.ArgumentParser:
     return refresh
 
 
+def _edit(commands: Commands) -> argparse.ArgumentParser:
+    edit = _command(
+        commands,
+        "edit",
+        "open a release's series as a git tree to edit (refresh writes it back)",
+    )
+    edit.add_argument("release", help="pinned vLLM release")
+    edit.add_argument("dir", type=Path, metavar="DIR", help="a new folder")
+    edit.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        dest="files",
+        help="also upstream's PATH (vllm/... or tests/...), for a change the "
+        "series does not touch yet; repeatable",
+    )
+    return edit
+
+
 def _pin(commands: Commands) -> argparse.ArgumentParser:
     pin = _command(
         commands,
@@ -376,6 +396,7 @@ def _extract(commands: Commands) -> argparse.ArgumentParser:
 MAINTAINER_COMMANDS: tuple[Callable[[Commands], argparse.ArgumentParser], ...] = (
     _status,
     _rebase,
+    _edit,
     _refresh,
     _pin,
     _lint,

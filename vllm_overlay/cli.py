@@ -10,6 +10,7 @@ from vllm_overlay.arguments import parse
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import patches_root
 from vllm_overlay.series.loader import release_series
+from vllm_overlay.track.edit_tree import open_series, refresh_command
 from vllm_overlay.track.extract import extract
 from vllm_overlay.track.git_source import open_git_source
 from vllm_overlay.track.lint import lint, releases_without_sources
@@ -36,6 +37,7 @@ from vllm_overlay.track.status import (
     status_at,
 )
 from vllm_overlay.track.table import TABLE_FILE, render_table
+from vllm_overlay.track.verdicts import VERDICTS_FILE
 from vllm_overlay.wheel.builder import build_release
 
 
@@ -126,12 +128,28 @@ def _status(args: argparse.Namespace) -> int:
     formatted = format_json if args.json else format_table
     print(formatted(rows, probe=args.probe), end="")
     if args.record:
-        recorded = record_status(rows)
+        recorded, kept = record_status(rows)
         print(
-            f"recorded the verdicts for {', '.join(recorded) or 'no patch'} "
-            f"in {TABLE_FILE}",
+            f"recorded the verdicts for {', '.join(recorded) or 'no release'} "
+            f"in {VERDICTS_FILE.name} and {TABLE_FILE}",
             file=sys.stderr,
         )
+        if kept:
+            raise OverlayError(
+                f"kept the recorded verdicts of vLLM {', '.join(kept)}: its "
+                "probes could not run here (no test environment; run "
+                f"tools/test.sh {' '.join(kept)} first)"
+            )
+    return 0
+
+
+def _edit(args: argparse.Namespace) -> int:
+    tree = open_series(args.release, args.dir, args.files)
+    print(
+        f"vllm-overlay edit: the {args.release} series is a git tree at {tree}: "
+        f"upstream's files tagged upstream, one commit a patch. Edit or amend "
+        f"the commits, then write it back: {refresh_command(args.release, tree)}"
+    )
     return 0
 
 
@@ -191,11 +209,19 @@ def _report_rebase(outcome: RebaseOutcome) -> None:
         print(f"kept     {name}")
     for dropped in outcome.dropped:
         print(f"dropped  {dropped.patch}: {dropped.reason}")
+    # A series written for a pinned release is edited as a tree; one written
+    # into a folder (a rebase onto a git commit) is edited there.
+    fix = (
+        "fix it by hand"
+        if outcome.source
+        else f"fix its message in `vllm-overlay edit {outcome.to_release} DIR`, "
+        "then refresh"
+    )
     for ref in outcome.references:
         if ref.moved_to:
             print(f"moved    {ref.patch}: {ref.cited} -> {ref.moved_to}")
         else:
-            print(f"stale    {ref.patch}: {ref.cited}: {ref.stale}; fix it by hand")
+            print(f"stale    {ref.patch}: {ref.cited}: {ref.stale}; {fix}")
     if outcome.stopped_at is not None:
         print(f"stopped  {outcome.stopped_at}: merge conflict")
         print(format_conflicts(outcome), end="", file=sys.stderr)
@@ -258,6 +284,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "doctor": _doctor,
     "status": _status,
     "rebase": _rebase,
+    "edit": _edit,
     "refresh": _refresh,
     "pin": _pin,
     "lint": _lint,

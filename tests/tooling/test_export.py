@@ -174,3 +174,71 @@ def test_refresh_needs_a_repo_or_check(project, capsys):
     code, _, err = run_cli(capsys, "refresh", RELEASE)
     assert code == 1
     assert "needs --repo PATH and --base REF, or --check" in err
+
+
+def test_edit_opens_the_series_that_refresh_writes_back(project, tmp_path, capsys):
+    """The documented path for a change to a patch: `edit` opens the series as
+    a git tree, the maintainer amends the patch's commit, `refresh` writes it."""
+    repo = tmp_path / "tree"
+    code, out, err = run_cli(capsys, "edit", RELEASE, str(repo))
+    assert code == 0, err
+    assert f"vllm-overlay refresh {RELEASE} --repo {repo} --base upstream" in out
+    path = repo / SCHEDULER
+    path.write_text(path.read_text().replace("line 1\n", "line one, amended\n", 1))
+    git = ["git", "-c", "user.name=T", "-c", "user.email=t@example.invalid"]
+    subprocess.run(
+        [*git, "commit", "-qa", "--amend", "--no-edit"], cwd=repo, check=True
+    )
+
+    code, out, err = refresh(capsys, repo)
+
+    assert code == 0, err
+    assert PATCH in out
+    assert "+line one, amended" in (project.series_dir / PATCH).read_text()
+
+
+def test_edit_adds_the_upstream_files_asked_for(project, tmp_path, capsys):
+    repo = tmp_path / "tree"
+    code, _, err = run_cli(
+        capsys, "edit", RELEASE, str(repo), "--file", "vllm/v1/metrics/stats.py"
+    )
+    assert code == 0, err
+    shown = subprocess.run(
+        ["git", "show", f"{UPSTREAM_TAG}:vllm/v1/metrics/stats.py"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout == "STATS = 1\n"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (
+            ["--file", "vllm/absent.py"],
+            f"vLLM {RELEASE} has no vllm/absent.py (a path in its wheel, or "
+            "tests/... in its sdist); nothing was written",
+        ),
+        (["--file", "vllm/__init__.py", "--file", "vllm/absent.py"], None),
+    ],
+)
+def test_edit_refuses_a_file_upstream_lacks(
+    project, tmp_path, capsys, arguments, message
+):
+    repo = tmp_path / "tree"
+    code, out, err = run_cli(capsys, "edit", RELEASE, str(repo), *arguments)
+    assert (code, out) == (1, "")
+    assert err.count("\n") == 1
+    if message is not None:
+        assert err == f"vllm-overlay: error: {message}\n"
+    assert not repo.exists()
+
+
+def test_edit_refuses_an_existing_folder(project, tmp_path, capsys):
+    code, out, err = run_cli(capsys, "edit", RELEASE, str(tmp_path))
+    assert (code, out) == (1, "")
+    assert err == (
+        f"vllm-overlay: error: {tmp_path} already exists; name a new folder\n"
+    )

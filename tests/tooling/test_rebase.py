@@ -120,7 +120,7 @@ def test_the_messages_line_references_follow_the_code(checkout, capsys):
     assert (
         f"moved    {PATCH}: sched/scheduler.py:17-19 -> sched/scheduler.py:22-24\n"
         f"stale    {PATCH}: scheduler.py:30: the cited lines are no longer there; "
-        "fix it by hand\n"
+        f"fix its message in `vllm-overlay edit {TO} DIR`, then refresh\n"
         f"moved    {PATCH}: :21 -> :26\n"
     ) in out
     text = (target_dir(checkout) / PATCH).read_text()

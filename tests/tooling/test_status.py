@@ -371,7 +371,7 @@ def test_record_keeps_the_verdict_for_patches_md(project, upstream, capsys):
     table = project.root / "PATCHES.md"
     code, _, err = run_cli(capsys, "status", "--record")
     assert code == 0, err
-    assert "recorded the verdicts for 9.9.0 in PATCHES.md" in err
+    assert "recorded the verdicts for 9.9.0 in verdicts.toml and PATCHES.md" in err
     recorded = read_verdicts(project.patches)
     entry = recorded["9.9.0", "scheduler-demo.patch"]
     assert (entry.verdict, entry.probe) == ("applies exactly", None)
@@ -424,9 +424,27 @@ def test_record_skips_a_pinned_release_without_series(project, capsys):
     project.pin_release(NEXT, SCHEDULER_SOURCE)
     code, _, err = run_cli(capsys, "status", "--record")
     assert code == 0, err
-    assert "recorded the verdicts for 9.9.0 in PATCHES.md" in err
+    assert "recorded the verdicts for 9.9.0 in verdicts.toml and PATCHES.md" in err
     assert {release for release, _ in read_verdicts(project.patches)} == {"9.9.0"}
     assert main(["table", "--check"]) == 0
+
+
+def test_record_keeps_verdicts_its_probes_could_not_check(project, upstream, capsys):
+    """Probes that could not run (no test environment on this machine) know
+    less than the verdicts recorded before: `--probe --record` keeps those,
+    says why and how to check them, and fails."""
+    assert run_cli(capsys, "status", "--record")[0] == 0
+    verdicts_file = project.patches / VERDICTS_FILE
+    before = verdicts_file.read_text()
+
+    code, _, err = run_cli(capsys, "status", "--probe", "--record")
+
+    assert code == 1
+    assert err.endswith(
+        "vllm-overlay: error: kept the recorded verdicts of vLLM 9.9.0: its probes "
+        "could not run here (no test environment; run tools/test.sh 9.9.0 first)\n"
+    )
+    assert verdicts_file.read_text() == before
 
 
 def test_an_edited_patch_shows_a_stale_verdict(project, capsys):

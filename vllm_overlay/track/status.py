@@ -65,7 +65,7 @@ from vllm_overlay.series.loader import (
 from vllm_overlay.series.model import PACKAGE_DIR, Patch, Series, has_series
 from vllm_overlay.series.pins import Dist, ReleasePin, find_pin, normalise_version
 from vllm_overlay.track.git_source import GitSource
-from vllm_overlay.track.probing import probe_verdicts
+from vllm_overlay.track.probing import no_environment, probe_verdicts
 from vllm_overlay.track.table import TABLE_FILE, render_table
 from vllm_overlay.track.verdicts import record_verdicts
 from vllm_overlay.trees import write_tree
@@ -419,14 +419,28 @@ def _failures_on(
 
 def record_status(
     rows: list[PatchStatus], root: Path | None = None, checked: str | None = None
-) -> list[str]:
+) -> tuple[list[str], list[str]]:
     """Record the verdicts about each pinned release's own series (the
     release's patches against that release) and regenerate `PATCHES.md`;
-    returns the releases recorded. Rows about another release's series say
-    nothing about any patch file's own release, so they are not kept."""
+    returns the releases recorded and those left as they were recorded
+    before. Rows about another release's series say nothing about any patch
+    file's own release, so they are not kept; nor are a release's rows whose
+    probes could not run (no test environment here): they know less than
+    what was recorded."""
     root = root or patches_root()
     pins = pinned_releases(root)
-    own = [row for row in rows if row.pinned and row.series == row.release]
+    unknown = {
+        row.release
+        for row in rows
+        if row.pinned
+        and row.series == row.release
+        and row.probe == no_environment(row.release)
+    }
+    own = [
+        row
+        for row in rows
+        if row.pinned and row.series == row.release and row.release not in unknown
+    ]
     patches = {}
     for release in {row.release for row in own}:
         for patch in load_series(root, pins[release]).patches:
@@ -440,7 +454,10 @@ def record_status(
         checked or datetime.date.today().isoformat(),
     )
     atomic.write_text(root.parent / TABLE_FILE, render_table(root))
-    return sorted({row.release for row in own}, key=Version)
+    return (
+        sorted({row.release for row in own}, key=Version),
+        sorted(unknown, key=Version),
+    )
 
 
 def format_table(rows: list[PatchStatus], probe: bool = False) -> str:
