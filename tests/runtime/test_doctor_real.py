@@ -281,6 +281,36 @@ def test_multi_connector_children_are_judged_one_by_one(models):
     assert "selects ExampleConnector," in texts(report, Severity.ERROR)
 
 
+@pytest.mark.parametrize("in_multi", [False, True])
+def test_declined_reads_is_checked_as_the_installed_connector_checks_it(
+    models, in_multi
+):
+    """A value outside nixl-decode-confirms-reads' `DECLINED_READS` stops the
+    start-up; where the series has no such patch (0.22.1) the key is ignored,
+    which doctor says. Which of the two holds comes from the installed build's
+    manifest, not from the sources doctor reads."""
+    extra = {"kv_connector_extra_config": {"declined_reads": "fail"}}
+    if in_multi:
+        child = {"kv_connector": "NixlConnector", "kv_role": "kv_both", **extra}
+        args = kv("MultiConnector", kv_connector_extra_config={"connectors": [child]})
+    else:
+        args = kv("NixlConnector", **extra)
+    report = judged(models["llama"], *args)
+    assert report.facts.nixl is not None and report.facts.nixl.importable
+    manifest = read_installed_manifest()
+    assert manifest is not None
+    patches = {patch["name"] for patch in manifest["patches"]}
+    if "nixl-decode-confirms-reads.patch" in patches:
+        accepted = ("recompute", "kv_load_failure_policy")
+        assert report.facts.declined_reads_values == accepted
+        errors = texts(report, Severity.ERROR)
+        assert "refuses declined_reads='fail' at start-up" in errors
+        assert report.exit_code == 1
+    else:
+        assert report.facts.declined_reads_values == ()
+        assert "ignores declined_reads='fail' here" in texts(report, Severity.WARNING)
+
+
 def test_plain_model_with_example_connector_is_fine(models):
     report = judged(models["llama"], *kv("ExampleConnector"))
     assert report.facts.model.hybrid is False

@@ -185,6 +185,44 @@ def test_nixl_without_the_nixl_package_fails_to_start():
     assert findings(facts(NIXL, hma=True, nixl=NIXL_OK), Severity.ERROR) == []
 
 
+# The values the patched 0.31.0-0.33.0 NixlConnector accepts for
+# `declined_reads` (nixl/pull_scheduler.py DECLINED_READS).
+DECLINED_READS = ("recompute", "kv_load_failure_policy")
+
+
+@pytest.mark.parametrize("parent", [None, "MultiConnector"])
+def test_declined_reads_outside_its_values_fails_to_start(parent):
+    nixl = replace(NIXL, parent=parent, declined_reads="fail")
+    connectors = (ConnectorFacts("MultiConnector", True), nixl) if parent else (nixl,)
+    f = facts(*connectors, hma=True, nixl=NIXL_OK, declined_reads_values=DECLINED_READS)
+    (error,) = findings(f, Severity.ERROR)
+    assert "NixlConnector refuses declined_reads='fail' at start-up" in error
+    assert "'recompute', 'kv_load_failure_policy'" in error
+    assert "'kv_load_failure_policy'" in fixes(f)
+    assert Report(f, tuple(evaluate(f))).exit_code == 1
+
+
+@pytest.mark.parametrize("value", [None, *DECLINED_READS])
+def test_declined_reads_within_its_values_says_nothing(value):
+    nixl = replace(NIXL, declined_reads=value)
+    f = facts(nixl, hma=True, nixl=NIXL_OK, declined_reads_values=DECLINED_READS)
+    said = [x.what for x in evaluate(f)]
+    assert not any("declined_reads" in what for what in said)
+
+
+def test_declined_reads_on_sources_without_the_option_is_called_ignored():
+    # Upstream's NixlConnector, and 0.22.1's series, ignore the key.
+    nixl = replace(NIXL, declined_reads="kv_load_failure_policy")
+    f = facts(nixl, build=UNPATCHED, hma=True, nixl=NIXL_OK, declined_reads_values=())
+    assert findings(f, Severity.ERROR) == []
+    (warning,) = findings(f, Severity.WARNING)
+    assert "ignores declined_reads='kv_load_failure_policy' here" in warning
+    assert "nixl-decode-confirms-reads is not in them" in warning
+    # Not asked (NIXL did not import): nothing to say about the key.
+    f = replace(f, declined_reads_values=None)
+    assert findings(f, Severity.WARNING) == []
+
+
 def test_patched_lmcache_on_a_hybrid_model_points_at_the_mp_connector():
     f = facts(LMCACHE_PATCHED, hma=True, lmcache=LMCACHE_OK)
     assert findings(f, Severity.ERROR) == []

@@ -79,6 +79,9 @@ class ConnectorFacts:
     parent: str | None = None
     error: str | None = None
     """Why the class could not be resolved."""
+    declined_reads: object = None
+    """For NixlConnector: `declined_reads` of its extra config as given
+    (nixl-decode-confirms-reads' option); None: not given."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,10 @@ class Facts:
     start-up; set when LMCacheConnectorV1 is selected."""
     nixl: DependencyFacts | None = None
     """Set when NixlConnector is selected."""
+    declined_reads_values: tuple[str, ...] | None = None
+    """The `declined_reads` values the evaluated NixlConnector accepts; ()
+    when its sources have no such option (upstream's, 0.22.1's series), so
+    that the key is ignored; None: not asked."""
 
     def selects(self, name: str) -> bool:
         return any(c.name == name for c in self.connectors)

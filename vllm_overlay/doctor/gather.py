@@ -36,6 +36,9 @@ LMCACHE_ADAPTER = "lmcache.integration.vllm.vllm_v1_adapter"
 NATIVE_LMCACHE_ADAPTER = (
     "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_integration.vllm_v1_adapter"
 )
+# Where nixl-decode-confirms-reads keeps the values of `declined_reads`
+# (0.31.0-0.33.0); 0.22.1's NixlConnector has no such module.
+NIXL_PULL_SCHEDULER = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler"
 
 
 def gather(serve_args: list[str], build: BuildFacts) -> Facts:
@@ -71,6 +74,7 @@ def gather(serve_args: list[str], build: BuildFacts) -> Facts:
         if LMCACHE in selected
         else None,
         nixl=nixl_facts() if NIXL in selected else None,
+        declined_reads_values=declined_reads_values() if NIXL in selected else None,
     )
 
 
@@ -279,7 +283,12 @@ def _connector(
     except Exception as exc:  # an unknown name, a module that does not import
         return ConnectorFacts(name, None, parent=parent, error=_describe(exc))
     path = f"{cls.__module__}.{cls.__qualname__}"
-    return ConnectorFacts(name, supports, class_path=path, parent=parent)
+    declined = None
+    if name == NIXL:
+        declined = (kv_transfer.kv_connector_extra_config or {}).get("declined_reads")
+    return ConnectorFacts(
+        name, supports, class_path=path, parent=parent, declined_reads=declined
+    )
 
 
 def _supports_hma(factory: Any, kv_transfer: Any, model_config: Any) -> bool:
@@ -354,6 +363,22 @@ def nixl_facts() -> DependencyFacts:
     except Exception as exc:  # ImportError, or an API without the agent
         return DependencyFacts(package, False, error=_describe(exc))
     return DependencyFacts(package, agent is not None)
+
+
+def declined_reads_values() -> tuple[str, ...] | None:
+    """The `declined_reads` values the evaluated NixlConnector accepts, as
+    its scheduler checks them when it is built (`DECLINED_READS`); () where
+    the sources have no such option and ignore the key; None when the module
+    does not import (`nixl_facts` says why)."""
+    try:
+        module = importlib.import_module(NIXL_PULL_SCHEDULER)
+    except ModuleNotFoundError as exc:
+        # The module or a package above it is not in these sources.
+        ours = f"{NIXL_PULL_SCHEDULER}.".startswith(f"{exc.name}.")
+        return () if exc.name and ours else None
+    except Exception:  # a NIXL that does not import, reported by nixl_facts
+        return None
+    return tuple(getattr(module, "DECLINED_READS", ()))
 
 
 def _describe(exc: BaseException) -> str:

@@ -565,6 +565,41 @@ def nixl_importable(facts: Facts) -> Iterator[Finding]:
     )
 
 
+def nixl_declined_reads(facts: Facts) -> Iterator[Finding]:
+    """`declined_reads` in NixlConnector's extra config: what becomes of a
+    read the decode side declined because the prefill side no longer held
+    its blocks (nixl-decode-confirms-reads, 0.31.0-0.33.0). Its scheduler
+    refuses any other value than `DECLINED_READS` when it is built
+    (nixl/pull_scheduler.py:62-73 in the patched 0.32.0); sources without
+    the option ignore the key, so the operator's choice is silently lost."""
+    accepted = facts.declined_reads_values
+    if accepted is None:
+        return
+    for connector in facts.connectors:
+        value = connector.declined_reads
+        if connector.name != NIXL or value is None:
+            continue
+        if not accepted:
+            yield Finding(
+                WARNING,
+                f"{NIXL} ignores declined_reads={value!r} here: these sources do "
+                "not confirm a read with the prefill side (the series' "
+                "nixl-decode-confirms-reads is not in them), so a read of "
+                "released blocks is used as read",
+                "run a patched build of 0.31.0, 0.32.0 or 0.33.0 (or `vllm-overlay "
+                "serve`), or drop the key",
+            )
+        elif value not in accepted:
+            yield Finding(
+                ERROR,
+                f"{NIXL} refuses declined_reads={value!r} at start-up: it must "
+                f"be one of {', '.join(map(repr, accepted))} (`ValueError: "
+                "kv_connector_extra_config['declined_reads'] is ...`)",
+                "drop the key (a declined read is recomputed) or set it to "
+                "'kv_load_failure_policy' (the policy decides)",
+            )
+
+
 RULES: tuple[Rule, ...] = (
     installed_build,
     device_platform,
@@ -578,4 +613,5 @@ RULES: tuple[Rule, ...] = (
     lmcache_on_hybrid,
     lmcache_mp_settings,
     nixl_importable,
+    nixl_declined_reads,
 )
