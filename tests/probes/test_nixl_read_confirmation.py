@@ -504,3 +504,59 @@ def test_declined_reads_takes_only_its_two_values(
     naming the key and its values, rather than silently recomputing."""
     with pytest.raises(ValueError, match=r"declined_reads.*recompute"):
         make_scheduler(decode_config("NixlConnector", declined_reads="fail"))
+
+
+def test_prefill_side_steps_on_for_a_read_it_confirmed(
+    prefill: Scheduler, make_scheduler: MakeScheduler
+) -> None:
+    """The decode side reads right after the prefill side said it holds the
+    request's blocks. If their lease runs out in between, the prefill engine
+    releases them and, holding nothing else, would stop stepping; where the
+    NIXL agent has no progress thread (the CPU platform) a read is served
+    only while the engine steps, so the read would never be served and the
+    decode request would hang. The prefill engine keeps stepping a while
+    after it confirmed blocks held (`Scheduler.has_requests`, which the
+    engine's loop steps on: v1/engine/core.py:1534-1540 in 0.32.0)."""
+    request, params = prefill_side_finished(prefill, NUM_TOKENS)
+    assert prefill.has_requests(), "a prefill engine holding blocks steps"
+    decode = make_scheduler(nixl_config())
+    assert scheduled(decode, params) == [RequestStatus.WAITING_FOR_REMOTE_KVS]
+
+    released(prefill, request.request_id)
+
+    assert prefill.has_requests(), (
+        f"the prefill engine stopped stepping once the lease of request "
+        f"{request.request_id!r} ran out, right after the decode side was told "
+        "its blocks were held: the read the decode side posts next is never "
+        "served on the CPU platform, and its request hangs"
+    )
+
+
+def test_prefill_side_stops_stepping_without_a_confirmed_read(
+    prefill: Scheduler,
+) -> None:
+    """Nothing asked the prefill side (upstream's decode side, or nothing
+    read the request): once it released the blocks, its engine stops
+    stepping, as upstream's does."""
+    request, _ = prefill_side_finished(prefill, NUM_TOKENS)
+    released(prefill, request.request_id)
+
+    assert not prefill.has_requests()
+
+
+def test_prefill_side_steps_on_only_for_its_window(
+    prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine steps on for `CONFIRMED_READ_WINDOW_S` after the last
+    "held" answer, then stops: an idle prefill server does not spin."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_scheduler
+
+    monkeypatch.setattr(base_scheduler, "CONFIRMED_READ_WINDOW_S", 0.5)
+    request, params = prefill_side_finished(prefill, NUM_TOKENS)
+    scheduled(make_scheduler(nixl_config()), params)
+    released(prefill, request.request_id)
+    assert prefill.has_requests()
+
+    time.sleep(0.6)
+
+    assert not prefill.has_requests()
