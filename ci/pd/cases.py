@@ -39,8 +39,8 @@ The decode side varies; the prefill side is always plain NixlConnector.
    alike: the patches' decode-side reuse has nothing to act on, so the
    patched build counts what upstream counts and answers the same.
 
-On vLLM 0.22.1 (`pd_core_cases` in patches/vllm/release-facts.toml) cases 4
-and 6 run. 0.22.1's NIXL worker refuses a hybrid unless the conv state is
+On vLLM 0.22.1 (`pd_core_cases` in patches/vllm/release-facts.toml) case 4
+and `qwen3-next-multi` run. 0.22.1's NIXL worker refuses a hybrid unless the conv state is
 stored dim-first ("3-read Mamba conv transfer requires DS conv state
 layout", nixl/worker.py:250-259 there), and its CPU platform forces the
 other layout on a CPU with AMX tiles (`VLLM_SSM_CONV_STATE_LAYOUT=SD`,
@@ -209,7 +209,6 @@ QWEN3_NEXT_CASES = (
         QWEN3_NEXT,
         multi(NIXL, DECODE_BENCH),
         prefix_caching=False,
-        upstream="qwen3-next-nixl",
         env=NO_AMX_DIM_FIRST,
     ),
 )
