@@ -40,9 +40,9 @@ The decode side varies; the prefill side is always plain NixlConnector.
    patched build counts what upstream counts and answers the same.
 
 On vLLM 0.22.1 (`pd_core_cases` in patches/vllm/release-facts.toml) case 4
-and `qwen3-next-multi` run. 0.22.1's NIXL worker refuses a hybrid unless the conv state is
-stored dim-first ("3-read Mamba conv transfer requires DS conv state
-layout", nixl/worker.py:250-259 there), and its CPU platform forces the
+and `qwen3-next-multi` run. 0.22.1's NIXL worker refuses a hybrid unless the
+conv state is stored dim-first ("3-read Mamba conv transfer requires DS conv
+state layout", nixl/worker.py:250-259 there), and its CPU platform forces the
 other layout on a CPU with AMX tiles (`VLLM_SSM_CONV_STATE_LAYOUT=SD`,
 vllm/platforms/cpu.py:229-231, whatever the user set) and turns prefix
 caching off there for linear attention (:150-162). Machines of this kind
