@@ -45,7 +45,6 @@ from ci.release_env import ensure_release_env
 from ci.serve_e2e import RELEASE as SERVE_E2E_RELEASE
 from ci.serve_e2e import run_serve_e2e
 from ci.upstream_tests import (
-    load_deselections,
     patch_upstream_tests,
     prepare_upstream_tests,
     run_upstream_tests,
@@ -53,6 +52,7 @@ from ci.upstream_tests import (
 )
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import REPO_ROOT, cache_root, patches_root
+from vllm_overlay.series.deselections import OUR_DESELECTIONS_FILE, deselected_on
 from vllm_overlay.series.facts import FACTS_FILE, pd_core_cases, serve_e2e_releases
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.model import Series
@@ -65,7 +65,7 @@ UNPATCHED_PLUGIN = "vllm_overlay.testing.unpatched"
 PROBES_DIR = "tests/probes"
 # Our tests (under PROBES_DIR and RUNTIME_DIR) a release's patched build does
 # not run, per release and why (the file says).
-OURS_DESELECTED = REPO_ROOT / "tests" / "deselected.toml"
+OURS_DESELECTED = REPO_ROOT / OUR_DESELECTIONS_FILE
 RUNTIME_DIR = "tests/runtime"
 
 
@@ -216,7 +216,7 @@ def run_probes(
 def our_deselection_args(release: str, path: Path = OURS_DESELECTED) -> list[str]:
     """pytest arguments that leave out the tests `path` names for `release`;
     an entry naming a file the checkout does not have is an error."""
-    entries = [d for d in load_deselections(path) if release in d.releases]
+    entries = deselected_on(path, release)
     stale = [
         d.target for d in entries if not (REPO_ROOT / d.target.split("::")[0]).exists()
     ]
