@@ -246,14 +246,15 @@ def run_upstream_tests(
     (`vllm_overlay.testing.worktree`); `pytest_args` are passed on (`-k`, `-x`).
     """
     stale = [
-        d.target
+        f"{d.target} ({d.span})"
         for d in deselections(release)
         if not (tests_dir / d.target.split("::")[0]).exists()
     ]
     if stale:
         raise OverlayError(
-            f"{DESELECTED_FILE.name} names tests that {release} lacks: "
-            f"{', '.join(stale)}"
+            f"{UPSTREAM_DESELECTIONS_FILE.as_posix()} names tests that {release} "
+            f"lacks: {', '.join(stale)}; bound those entries' ranges (`since`, "
+            f"`until`) to leave {release} out"
         )
     command = pytest_command(
         venv,

@@ -8,7 +8,11 @@ from types import SimpleNamespace
 import pytest
 from conftest import RELEASE
 
-from ci.upstream_tests import patch_upstream_tests, prepare_upstream_tests
+from ci.upstream_tests import (
+    patch_upstream_tests,
+    prepare_upstream_tests,
+    run_upstream_tests,
+)
 from vllm_overlay.errors import OverlayError
 
 OLDER = "9.8.0"
@@ -80,4 +84,17 @@ def test_a_changed_test_an_entry_holds_from_a_later_release_lowers_since(
         f'holds it; write since = "{OLDER}" there in '
         "patches/vllm/release-facts.toml; "
         f"{unlisted}: add it to upstream_tests in patches/vllm/release-facts.toml"
+    )
+
+
+def test_a_deselection_naming_a_test_the_release_lacks_says_to_bound_it(tmp_path):
+    """A release pinned later falls in every range without a bound; one that
+    lacks a deselected file is told which range to narrow."""
+    with pytest.raises(OverlayError) as caught:
+        run_upstream_tests("0.30.0", tmp_path, tmp_path, {})
+    message = str(caught.value)
+    assert message.startswith("ci/deselected.toml names tests that 0.30.0 lacks: ")
+    assert "tests/v1/metrics/test_ray_metrics.py (every release)" in message
+    assert message.endswith(
+        "; bound those entries' ranges (`since`, `until`) to leave 0.30.0 out"
     )
