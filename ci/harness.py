@@ -1,6 +1,6 @@
 """The whole test suite, as `tools/test.sh` runs it.
 
-1. Static checks, the docs site's strict build and the tooling tests (seconds,
+1. Static checks, the docs site's strict build and the tooling tests (minutes,
    no vLLM needed).
 2. Per pinned release: build the patched wheel, check that the series is
    exactly what `vllm-overlay refresh` writes (`refresh --check`), check the
