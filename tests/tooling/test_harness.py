@@ -11,7 +11,7 @@ from ci import harness
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.series.pins import Dist
 
-RELEASE = "0.31.0"  # no end-to-end run: the seven common steps only
+RELEASE = "0.31.0"  # given no end-to-end run: the seven common steps only
 FACTS_ERROR = (
     "the series changes upstream tests the harness does not run on 0.31.0: ..."
 )
@@ -43,7 +43,7 @@ def steps(tmp_path, monkeypatch):
     returns the clock and the record of the test runs."""
     clock = Clock()
     runs: list[str] = []
-    monkeypatch.setattr(harness.time, "monotonic", clock)
+    monkeypatch.setattr(harness, "time", SimpleNamespace(monotonic=clock))
     series = SimpleNamespace(
         release=SimpleNamespace(version=RELEASE), probe_ids=["tests/probes/t.py::t"]
     )
@@ -83,6 +83,8 @@ def steps(tmp_path, monkeypatch):
         "run_upstream_tests": upstream,
         "run_probes": probes,
         "our_deselection_args": lambda version: [],
+        "serve_e2e_releases": lambda: (),
+        "pd_core_cases": dict,
     }
     for name, stand_in in stand_ins.items():
         monkeypatch.setattr(harness, name, stand_in)
