@@ -193,6 +193,18 @@ def deselections(release: str) -> list[Deselection]:
     return deselected_on(DESELECTED_FILE, release)
 
 
+def collected_paths(release: str) -> list[str]:
+    """The `upstream_tests` paths given to pytest for `release`, less those a
+    deselection leaves out whole: pytest's `--ignore` does not apply to a
+    path named on its command line."""
+    ignored = [d for d in deselections(release) if d.whole_file]
+    return [
+        path
+        for path in upstream_test_files(release)
+        if not any(d.covers(path) for d in ignored)
+    ]
+
+
 def deselection_args(release: str) -> list[str]:
     """`--deselect`/`--ignore` arguments for pytest, one per deselection."""
     return [arg for d in deselections(release) for arg in d.pytest_args]
@@ -265,7 +277,7 @@ def run_upstream_tests(
         *(["-p", WORKTREE_PLUGIN] if worktree else []),
         *deselection_args(release),
         *pytest_args,
-        *upstream_test_files(release),
+        *collected_paths(release),
     )
     # Only our pytest plugins join the path (and, for `worktree`, the checkout's
     # package, which shadows nothing of vLLM): the tests must import the

@@ -5,7 +5,7 @@ when they listed releases one by one."""
 import pytest
 
 from ci.harness import our_deselection_args
-from ci.upstream_tests import deselection_args
+from ci.upstream_tests import collected_paths, deselection_args
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.deselections import (
@@ -14,7 +14,6 @@ from vllm_overlay.series.deselections import (
     deselected_on,
     load_deselections,
 )
-from vllm_overlay.series.facts import upstream_test_files
 
 REASON = 'reason = "why"\n'
 RELEASES = ["0.9.0", "0.22.1", "0.23.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "1.0"]
@@ -153,18 +152,20 @@ LISTED_OURS["0.31.0"] = LISTED_OURS["0.32.0"] = LISTED_OURS["0.33.0"] = [
 ]
 
 
+def inside(path: str, root: str) -> bool:
+    root = root.rstrip("/")
+    return path == root or path.startswith(f"{root}/")
+
+
 def upstream_selection(release: str) -> tuple[list[str], list[str]]:
-    """What runs of upstream's tests on `release`: the listed files not
-    ignored whole, and the deselections inside them."""
+    """What runs of upstream's tests on `release`: the paths given to pytest,
+    and the deselections inside them."""
+    runs = collected_paths(release)
     entries = deselected_on(REPO_ROOT / UPSTREAM_DESELECTIONS_FILE, release)
-    ignored = [d.target for d in entries if d.whole_file]
-    runs = [
-        path
-        for path in upstream_test_files(release)
-        if not any(path == target or path.startswith(target) for target in ignored)
-    ]
     left_out = [
-        d.target for d in entries if any(d.target.startswith(path) for path in runs)
+        d.target
+        for d in entries
+        if any(inside(d.target.split("::")[0], path) for path in runs)
     ]
     return runs, sorted(left_out)
 

@@ -8,12 +8,15 @@ from types import SimpleNamespace
 import pytest
 from conftest import RELEASE
 
+from ci import upstream_tests
 from ci.upstream_tests import (
+    deselection_args,
     patch_upstream_tests,
     prepare_upstream_tests,
     run_upstream_tests,
 )
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.series.facts import upstream_test_files
 
 OLDER = "9.8.0"
 PREFIX_CACHE = "tests/v1/core/prefix_cache/"
@@ -98,3 +101,27 @@ def test_a_deselection_naming_a_test_the_release_lacks_says_to_bound_it(tmp_path
     assert message.endswith(
         "; bound those entries' ranges (`since`, `until`) to leave 0.30.0 out"
     )
+
+
+def test_a_listed_file_left_out_whole_is_not_named_to_pytest(tmp_path, monkeypatch):
+    """pytest's `--ignore` does not apply to a path named on its command
+    line, so a file of upstream_tests that a deselection leaves out whole on
+    a release (test_nixl_heartbeat.py on 0.22.1) is not named there."""
+    heartbeat = "tests/v1/kv_connector/unit/test_nixl_heartbeat.py"
+    for target in [*deselection_args("0.22.1"), heartbeat]:
+        path = tmp_path / target.split("=", 1)[-1].split("::")[0]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    commands = []
+
+    def run(command, **kwargs):
+        commands.append(command)
+        return SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(upstream_tests.subprocess, "run", run)
+    assert run_upstream_tests("0.22.1", tmp_path, tmp_path, {}) == 0
+    (command,) = commands
+    assert f"--ignore={heartbeat}" in command
+    assert heartbeat not in command
+    assert "tests/v1/metrics/" in command
+    assert heartbeat in upstream_test_files("0.22.1")

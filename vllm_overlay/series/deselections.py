@@ -43,6 +43,11 @@ class Deselection:
         """A file or directory left out of collection, not one test."""
         return "::" not in self.target
 
+    def covers(self, path: str) -> bool:
+        """`path` (a file or directory) is the target or lies in it."""
+        target, path = self.target.rstrip("/"), path.rstrip("/")
+        return path == target or path.startswith(f"{target}/")
+
     @property
     def pytest_args(self) -> list[str]:
         flag = "--ignore" if self.whole_file else "--deselect"
