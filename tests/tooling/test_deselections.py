@@ -13,6 +13,7 @@ from vllm_overlay.series.deselections import (
     UPSTREAM_DESELECTIONS_FILE,
     deselected_on,
     load_deselections,
+    within,
 )
 
 REASON = 'reason = "why"\n'
@@ -152,11 +153,6 @@ LISTED_OURS["0.31.0"] = LISTED_OURS["0.32.0"] = LISTED_OURS["0.33.0"] = [
 ]
 
 
-def inside(path: str, root: str) -> bool:
-    root = root.rstrip("/")
-    return path == root or path.startswith(f"{root}/")
-
-
 def upstream_selection(release: str) -> tuple[list[str], list[str]]:
     """What runs of upstream's tests on `release`: the paths given to pytest,
     and the deselections inside them."""
@@ -165,7 +161,7 @@ def upstream_selection(release: str) -> tuple[list[str], list[str]]:
     left_out = [
         d.target
         for d in entries
-        if any(inside(d.target.split("::")[0], path) for path in runs)
+        if any(within(d.target.split("::")[0], path) for path in runs)
     ]
     return runs, sorted(left_out)
 

@@ -45,8 +45,7 @@ class Deselection:
 
     def covers(self, path: str) -> bool:
         """`path` (a file or directory) is the target or lies in it."""
-        target, path = self.target.rstrip("/"), path.rstrip("/")
-        return path == target or path.startswith(f"{target}/")
+        return within(path, self.target)
 
     @property
     def pytest_args(self) -> list[str]:
@@ -65,6 +64,13 @@ class Deselection:
         if self.until:
             return f"up to {self.until}"
         return "every release"
+
+
+def within(path: str, root: str) -> bool:
+    """`path` is `root` or lies in it (paths relative to one tree, a
+    directory written with or without its trailing slash)."""
+    path, root = path.rstrip("/"), root.rstrip("/")
+    return path == root or path.startswith(f"{root}/")
 
 
 def load_deselections(path: Path) -> list[Deselection]:

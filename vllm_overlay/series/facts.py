@@ -17,6 +17,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, patches_root
+from vllm_overlay.series.deselections import within
 from vllm_overlay.series.pins import Dist, load_pins
 
 FACTS_FILE = Path("vllm") / "release-facts.toml"
@@ -207,8 +208,7 @@ class UpstreamTest:
 
     def covers(self, relative: str) -> bool:
         """`relative` is this entry's file, or lies in its directory."""
-        base = self.path.rstrip("/")
-        return relative == base or relative.startswith(f"{base}/")
+        return within(relative, self.path)
 
     def __str__(self) -> str:
         return f"upstream_tests entry {self.number} ({self.path}, since {self.since})"
