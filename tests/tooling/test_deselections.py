@@ -72,9 +72,10 @@ def test_a_bad_range_is_one_line_naming_the_entry(tmp_path, bounds, message):
     assert str(caught.value).startswith(f"{path}: deselect {message}")
 
 
-# What the files deselected on each release pinned when they listed releases
-# one by one (commit 73d982b), read from them once with that commit's loader:
-# upstream's tests deselected (node ids) or ignored (files), and ours.
+# What each release pinned when the files listed releases one by one (commit
+# 73d982b) ran, read once with that commit's code: upstream's tests
+# deselected (node ids) or ignored (files) within the paths pytest was given
+# (LISTED_RUNS), and our tests deselected.
 LISTED_UPSTREAM = {
     "0.22.1": [
         "tests/v1/kv_connector/unit/test_multi_connector.py::test_multi_example_connector_consistency",
