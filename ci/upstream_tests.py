@@ -16,10 +16,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.version import Version
 
 from ci.pytest_runs import (
     PLATFORM_VAR,
@@ -29,33 +29,29 @@ from ci.pytest_runs import (
 )
 from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError, exit_status
-from vllm_overlay.locations import REPO_ROOT
-from vllm_overlay.series.facts import FACTS_FILE, upstream_test_files
+from vllm_overlay.locations import REPO_ROOT, patches_root
+from vllm_overlay.series.deselections import (
+    UPSTREAM_DESELECTIONS_FILE,
+    Deselection,
+    deselected_on,
+)
+from vllm_overlay.series.facts import (
+    FACTS_FILE,
+    since_problems,
+    upstream_test_files,
+    upstream_tests,
+)
 from vllm_overlay.series.model import TESTS_DIR, Series
 from vllm_overlay.trees import write_tree
 from vllm_overlay.upstream.applier import apply_series
 
-DESELECTED_FILE = Path(__file__).resolve().parent / "deselected.toml"
+DESELECTED_FILE = REPO_ROOT / UPSTREAM_DESELECTIONS_FILE
 PYTEST_PLUGINS = Path(__file__).resolve().parent / "pytest_plugins"
 CLEANUP_PLUGIN = "skip_cpu_global_cleanup"
 WORKTREE_PLUGIN = "vllm_overlay.testing.worktree"
 # Long enough for the slowest engine start on two CPU cores, short enough that
 # a hung test costs minutes rather than the whole CI budget.
 PER_TEST_TIMEOUT_S = 600
-
-
-@dataclass(frozen=True)
-class Deselection:
-    """One upstream test (`::` in `target`) or file we do not run, and why."""
-
-    target: str
-    releases: tuple[str, ...]
-    reason: str
-
-    @property
-    def pytest_args(self) -> list[str]:
-        flag = "--deselect" if "::" in self.target else "--ignore"
-        return [f"{flag}={self.target}"]
 
 
 def prepare_upstream_tests(release: str, sdist_tree: Path, dest: Path) -> Path:
@@ -68,13 +64,15 @@ def prepare_upstream_tests(release: str, sdist_tree: Path, dest: Path) -> Path:
     pytest imports `unit/utils.py` twice and connector registration fails),
     everything they import from `tests`, transitively, and `pyproject.toml` for
     upstream's pytest markers.
+
+    First the `upstream_tests` entries are checked against the sdist, before
+    anything is copied (`facts.since_problems`): a file it lacks, or a file
+    it has whose entry's `since` is a later release, is refused with what
+    to write.
     """
-    missing = [p for p in upstream_test_files(release) if not (sdist_tree / p).exists()]
-    if missing:
-        raise OverlayError(
-            f"the {release} sdist lacks {', '.join(missing)}; "
-            f"update upstream_tests in patches/{FACTS_FILE.as_posix()}"
-        )
+    wrong = since_problems(patches_root(), {release: sdist_tree})
+    if wrong:
+        raise OverlayError("; ".join(wrong))
     needed = _import_closure(sdist_tree, _collection_roots(release, sdist_tree))
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
@@ -95,10 +93,10 @@ def patch_upstream_tests(series: Series, tests_dir: Path) -> None:
     files = series.upstream_test_files
     missing = [f for f in files if not (tests_dir / f).is_file()]
     if missing:
+        release = series.release.version
         raise OverlayError(
-            f"the series changes upstream tests the harness does not run: "
-            f"{', '.join(missing)}; add them to upstream_tests in "
-            f"patches/{FACTS_FILE.as_posix()}"
+            "the series changes upstream tests the harness does not run on "
+            f"{release}: {'; '.join(_not_run(release, f) for f in missing)}"
         )
     originals = {f: (tests_dir / f).read_bytes() for f in files}
     patched = apply_series(series, originals, TESTS_DIR)
@@ -106,6 +104,22 @@ def patch_upstream_tests(series: Series, tests_dir: Path) -> None:
     if deleted:
         raise OverlayError(f"the series deletes upstream test {', '.join(deleted)}")
     write_tree(tests_dir, patched)
+
+
+def _not_run(release: str, path: str) -> str:
+    """What to do about `path`, a test file the series changes that the
+    harness did not copy for `release`: lower the `since` of the entry that
+    holds it (rather than add a second one), or add one."""
+    facts = f"patches/{FACTS_FILE.as_posix()}"
+    holding = [test for test in upstream_tests() if test.covers(path)]
+    if not holding:
+        return f"{path}: add it to upstream_tests in {facts}"
+    later = [test for test in holding if Version(test.since) > Version(release)]
+    if later:
+        return (
+            f'{path}: {later[0]} holds it; write since = "{release}" there in {facts}'
+        )
+    return f"{path}: the {release} sdist lacks it ({holding[0]} holds it)"
 
 
 def _collection_roots(release: str, sdist_tree: Path) -> set[Path]:
@@ -176,44 +190,24 @@ def _module_files(sdist_tree: Path, dotted: str) -> list[Path]:
 
 def deselections(release: str) -> list[Deselection]:
     """The entries of `deselected.toml` that apply to `release`."""
-    return [d for d in load_deselections() if release in d.releases]
+    return deselected_on(DESELECTED_FILE, release)
+
+
+def collected_paths(release: str) -> list[str]:
+    """The `upstream_tests` paths given to pytest for `release`, less those a
+    deselection leaves out whole: pytest's `--ignore` does not apply to a
+    path named on its command line."""
+    ignored = [d for d in deselections(release) if d.whole_file]
+    return [
+        path
+        for path in upstream_test_files(release)
+        if not any(d.covers(path) for d in ignored)
+    ]
 
 
 def deselection_args(release: str) -> list[str]:
     """`--deselect`/`--ignore` arguments for pytest, one per deselection."""
     return [arg for d in deselections(release) for arg in d.pytest_args]
-
-
-def load_deselections(path: Path = DESELECTED_FILE) -> list[Deselection]:
-    """Parse and validate `deselected.toml`: each `[[deselect]]` entry names a
-    `test` (node id, or a file or directory to ignore), the `releases` it
-    applies to, and a non-empty `reason`."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise OverlayError(f"cannot load {path}: {exc}") from None
-    entries = data.get("deselect", [])
-    if not isinstance(entries, list):
-        raise OverlayError(f"{path}: `deselect` must be an array of tables")
-    return [_deselection(path, index, entry) for index, entry in enumerate(entries)]
-
-
-def _deselection(path: Path, index: int, entry: object) -> Deselection:
-    where = f"{path}: deselect entry {index + 1}"
-    if not isinstance(entry, dict) or set(entry) != {"test", "releases", "reason"}:
-        raise OverlayError(f"{where} needs exactly `test`, `releases` and `reason`")
-    test, releases, reason = entry["test"], entry["releases"], entry["reason"]
-    if not isinstance(test, str) or not test.startswith("tests/"):
-        raise OverlayError(f"{where}: `test` must be a path under tests/")
-    if not (
-        isinstance(releases, list)
-        and releases
-        and all(isinstance(r, str) for r in releases)
-    ):
-        raise OverlayError(f"{where}: `releases` must list release versions")
-    if not isinstance(reason, str) or not reason.strip():
-        raise OverlayError(f"{where}: `reason` must say why")
-    return Deselection(test, tuple(releases), " ".join(reason.split()))
 
 
 def upstream_test_environment(
@@ -264,14 +258,15 @@ def run_upstream_tests(
     (`vllm_overlay.testing.worktree`); `pytest_args` are passed on (`-k`, `-x`).
     """
     stale = [
-        d.target
+        f"{d.target} ({d.span})"
         for d in deselections(release)
         if not (tests_dir / d.target.split("::")[0]).exists()
     ]
     if stale:
         raise OverlayError(
-            f"{DESELECTED_FILE.name} names tests that {release} lacks: "
-            f"{', '.join(stale)}"
+            f"{UPSTREAM_DESELECTIONS_FILE.as_posix()} names tests that {release} "
+            f"lacks: {', '.join(stale)}; bound those entries' ranges (`since`, "
+            f"`until`) to leave {release} out"
         )
     command = pytest_command(
         venv,
@@ -282,7 +277,7 @@ def run_upstream_tests(
         *(["-p", WORKTREE_PLUGIN] if worktree else []),
         *deselection_args(release),
         *pytest_args,
-        *upstream_test_files(release),
+        *collected_paths(release),
     )
     # Only our pytest plugins join the path (and, for `worktree`, the checkout's
     # package, which shadows nothing of vLLM): the tests must import the
@@ -298,7 +293,7 @@ def run_upstream_tests(
 def main(argv: list[str] | None = None) -> int:
     """Run one release's upstream tests in its already built environment."""
     from ci.hf_standin import write_hf_standin
-    from vllm_overlay.locations import cache_root, patches_root
+    from vllm_overlay.locations import cache_root
     from vllm_overlay.series.loader import release_series
     from vllm_overlay.series.pins import load_pins
     from vllm_overlay.upstream.fetch import fetch_sdist_tree

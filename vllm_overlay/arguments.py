@@ -353,8 +353,9 @@ def _lint(commands: Commands) -> argparse.ArgumentParser:
     return _command(
         commands,
         "lint",
-        "check pins, series files, patch trailers and probe ids, and each "
-        "series against its release's cached sources",
+        "check pins, series files, patch trailers and probe ids, each "
+        "series against its release's cached sources, the release facts' "
+        "upstream_tests `since` and the deselection ranges",
     )
 
 

@@ -14,7 +14,7 @@ from vllm_overlay.track.edit_tree import open_series, refresh_command
 from vllm_overlay.track.extract import extract
 from vllm_overlay.track.git_source import open_git_source
 from vllm_overlay.track.lint import lint, releases_without_sources
-from vllm_overlay.track.pin import bump_release, pin_release
+from vllm_overlay.track.pin import bump_release, facts_after_pin, pin_release
 from vllm_overlay.track.probing import format_rebased
 from vllm_overlay.track.rebase import (
     RebaseOutcome,
@@ -86,6 +86,8 @@ def _pin(args: argparse.Namespace) -> int:
         for dist in dict.fromkeys(w.dist for w in pin.wheels)
     )
     print(f"pinned vLLM {pin.version}: the sdist and wheels of {dists}")
+    for line in facts_after_pin(pin.version):
+        print(line)
     return 0
 
 

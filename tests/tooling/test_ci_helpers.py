@@ -100,7 +100,7 @@ def test_a_deselection_of_our_tests_naming_no_test_is_refused(tmp_path):
     listed = tmp_path / "deselected.toml"
     listed.write_text(
         '[[deselect]]\ntest = "tests/probes/test_gone.py"\n'
-        'releases = ["0.22.1"]\nreason = "not carried"\n'
+        'until = "0.22.1"\nreason = "not carried"\n'
     )
     with pytest.raises(OverlayError, match=r"test_gone\.py"):
         our_deselection_args("0.22.1", listed)

@@ -234,3 +234,122 @@ def test_recorded_files_hold_any_text(project):
     record_verdicts(project.patches, [(RELEASE, patch, AWKWARD, None)], "today")
     assert read_verdicts(project.patches)[RELEASE, patch.name].verdict == AWKWARD
     assert lint(project.patches) == []
+
+
+OLDER = "9.8.0"
+FACTS_TEST = "tests/v1/core/test_scheduler.py"
+
+
+def release_facts(project, since: str, deselections: str = "") -> Path:
+    """The release facts' `upstream_tests` (one entry, `FACTS_TEST`) and
+    the two deselection files, as in the repository."""
+    facts = project.patches / "vllm" / "release-facts.toml"
+    facts.write_text(
+        f'upstream_tests = [{{ path = "{FACTS_TEST}", since = "{since}" }}]\n'
+    )
+    (project.root / "ci").mkdir(exist_ok=True)
+    (project.root / "ci" / "deselected.toml").write_text(deselections)
+    (project.root / "tests" / "deselected.toml").write_text("")
+    return facts
+
+
+def cache_release_sources(project, version: str, with_test: bool) -> Path:
+    """`version`'s sources in the cache, as the harness unpacks its pinned
+    sdist, holding upstream's `FACTS_TEST` or not."""
+    sources = project.cache / "sources" / f"vllm-{version}"
+    (sources / FACTS_TEST).parent.mkdir(parents=True)
+    if with_test:
+        (sources / FACTS_TEST).write_text("def test_x():\n    pass\n")
+    (sources / ".vllm-overlay-sdist-sha256").write_text("0" * 64 + "\n")
+    return sources
+
+
+def test_a_since_that_names_no_pinned_release_says_what_to_write(project, capsys):
+    facts = release_facts(project, "9.8.5")
+    code, _, err = run_cli(capsys, "lint")
+    assert code == 1
+    assert (
+        f"{facts}: upstream_tests entry 1 ({FACTS_TEST}, since 9.8.5): 9.8.5 is "
+        "not a pinned release; `since` names the first pinned release that has "
+        f'the path: write since = "{RELEASE}"'
+    ) in err
+    release_facts(project, RELEASE)
+    assert lint(project.patches) == []
+
+
+def test_a_since_newer_than_any_pinned_release_is_named(project):
+    facts = release_facts(project, "10.0.0")
+    assert lint(project.patches) == [
+        f"{facts}: upstream_tests entry 1 ({FACTS_TEST}, since 10.0.0): 10.0.0 is "
+        "not a pinned release, and no pinned release is as new; pin it, or "
+        "remove the entry"
+    ]
+
+
+def test_an_older_pin_whose_cached_sources_have_the_file_lowers_since(project):
+    """Pinning an older release: the entries it has with a later `since`
+    are found as soon as its sources are cached (by `rebase` or the
+    harness); without them lint cannot know, and says nothing."""
+    facts = release_facts(project, RELEASE)
+    project.pin_release(OLDER, SCHEDULER_SOURCE)
+    assert lint(project.patches) == []
+    cache_release_sources(project, OLDER, with_test=True)
+    assert lint(project.patches) == [
+        f"{facts}: upstream_tests entry 1 ({FACTS_TEST}, since {RELEASE}): vLLM "
+        f'{OLDER}\'s sources have it: write since = "{OLDER}"'
+    ]
+    release_facts(project, OLDER)
+    assert lint(project.patches) == []
+
+
+def test_an_older_pin_whose_sources_lack_the_file_keeps_since(project):
+    release_facts(project, RELEASE)
+    project.pin_release(OLDER, SCHEDULER_SOURCE)
+    cache_release_sources(project, OLDER, with_test=False)
+    assert lint(project.patches) == []
+
+
+def test_a_release_from_since_on_whose_sources_lack_the_file_is_named(project):
+    facts = release_facts(project, OLDER)
+    project.pin_release(OLDER, SCHEDULER_SOURCE)
+    cache_release_sources(project, OLDER, with_test=False)
+    cache_release_sources(project, RELEASE, with_test=True)
+    (project.cache / "sources" / f"vllm-{RELEASE}" / SCHEDULER).parent.mkdir(
+        parents=True
+    )
+    (project.cache / "sources" / f"vllm-{RELEASE}" / SCHEDULER).write_text(
+        SCHEDULER_SOURCE
+    )
+    assert lint(project.patches) == [
+        f"{facts}: upstream_tests entry 1 ({FACTS_TEST}, since {OLDER}): vLLM "
+        f'{OLDER}\'s sources lack it: write since = "{RELEASE}"'
+    ]
+
+
+@pytest.mark.parametrize(
+    ("bounds", "problem"),
+    [
+        ('until = "9.8.0"\n', "(tests/a.py, up to 9.8.0) applies to no pinned"),
+        ('since = "9.9.1"\n', "(tests/a.py, 9.9.1 and later) applies to no pinned"),
+        (
+            'releases = ["9.9.0"]\n',
+            "entry 1: `releases` lists releases one by one; name the range",
+        ),
+    ],
+)
+def test_a_deselection_range_must_hold_a_pinned_release(project, bounds, problem):
+    release_facts(
+        project,
+        RELEASE,
+        f'[[deselect]]\ntest = "tests/a.py"\n{bounds}reason = "why"\n',
+    )
+    (found,) = lint(project.patches)
+    assert found.startswith(f"{project.root / 'ci' / 'deselected.toml'}: deselect")
+    assert problem in found
+
+
+def test_a_checkout_without_release_facts_skips_their_check(project, capsys):
+    code, _, err = run_cli(capsys, "lint")
+    assert code == 0
+    facts = project.patches / "vllm" / "release-facts.toml"
+    assert f"skipped the release facts' `since`: {facts} does not exist" in err

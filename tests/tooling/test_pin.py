@@ -112,6 +112,32 @@ def test_an_older_release_goes_before_the_newer_ones(project, index, capsys):
     assert list(tomllib.loads(text)["releases"]) == ["9.8.0", RELEASE]
 
 
+def test_pinning_an_older_release_names_the_facts_entries_it_affects(
+    project, index, capsys
+):
+    """`since` names the first pinned release that has a file: pinning an
+    older one may make it wrong, which only its sources tell."""
+    make_sdist(index / "vllm-9.8.0.tar.gz", "9.8.0")
+    make_wheel(index / f"vllm-9.8.0-{X86}", version="9.8.0")
+    (project.patches / "vllm" / "release-facts.toml").write_text(
+        "upstream_tests = [\n"
+        '  { path = "tests/v1/core/test_scheduler.py", since = "9.8.0" },\n'
+        f'  {{ path = "tests/v1/core/prefix_cache/", since = "{RELEASE}" }},\n'
+        "]\n"
+    )
+    code, out, err = run_cli(capsys, "pin", "9.8.0", "--dist", "vllm")
+    assert code == 0, err
+    assert out.splitlines()[1:] == [
+        "patches/vllm/release-facts.toml: the harness does not run these "
+        "upstream_tests entries on 9.8.0, whose `since` is later:",
+        f"  upstream_tests entry 2 (tests/v1/core/prefix_cache/, since {RELEASE})",
+        'write since = "9.8.0" in each one whose file vLLM 9.8.0 has; '
+        "`vllm-overlay lint` names them once its sources are cached "
+        "(`vllm-overlay rebase FROM 9.8.0` and `tools/test.sh 9.8.0` fetch them)",
+    ]
+    assert run_cli(capsys, "pin", NEW, "--dist", "vllm")[1].count("\n") == 1
+
+
 def assert_refused(capsys, project, argv: list[str], message: str) -> None:
     before = pins_file(project).read_bytes()
     code, out, err = run_cli(capsys, "pin", *argv)

@@ -7,6 +7,7 @@ Every value is checked against the pins when it is read; a bad file is one
 """
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, patches_root
+from vllm_overlay.series.deselections import within
 from vllm_overlay.series.pins import Dist, load_pins
 
 FACTS_FILE = Path("vllm") / "release-facts.toml"
@@ -195,15 +197,32 @@ def _per_release(
     return value
 
 
-def upstream_test_files(release: str, root: Path | None = None) -> list[str]:
-    """Upstream's test files and directories (relative to the sdist root)
-    that `release` has and the harness runs, in the data file's order."""
+@dataclass(frozen=True)
+class UpstreamTest:
+    """One `upstream_tests` entry: upstream's test file or directory
+    (relative to the sdist root), and the first pinned release that has it."""
+
+    number: int
+    path: str
+    since: str
+
+    def covers(self, relative: str) -> bool:
+        """`relative` is this entry's file, or lies in its directory."""
+        return within(relative, self.path)
+
+    def __str__(self) -> str:
+        return f"upstream_tests entry {self.number} ({self.path}, since {self.since})"
+
+
+def upstream_tests(root: Path | None = None) -> list[UpstreamTest]:
+    """The `upstream_tests` entries, in the data file's order, each checked
+    for its shape (not yet against the pins: see `since_problems`)."""
     root = root or patches_root()
     where = root / FACTS_FILE
     entries = _facts(root).get("upstream_tests")
     if not isinstance(entries, list) or not entries:
         raise OverlayError(f"{where}: upstream_tests must be a list of tests to run")
-    files = []
+    tests = []
     for index, entry in enumerate(entries):
         what = f"{where}: upstream_tests entry {index + 1}"
         if not isinstance(entry, dict) or set(entry) != {"path", "since"}:
@@ -211,9 +230,87 @@ def upstream_test_files(release: str, root: Path | None = None) -> list[str]:
         path, since = entry["path"], entry["since"]
         if not isinstance(path, str) or not path.startswith("tests/"):
             raise OverlayError(f"{what}: `path` must be a path under tests/")
-        if _since(what, since) <= Version(release):
-            files.append(path)
-    return files
+        _since(what, since)
+        tests.append(UpstreamTest(index + 1, path, since))
+    return tests
+
+
+def upstream_test_files(release: str, root: Path | None = None) -> list[str]:
+    """Upstream's test files and directories (relative to the sdist root)
+    that `release` has and the harness runs, in the data file's order."""
+    return [
+        test.path
+        for test in upstream_tests(root)
+        if Version(test.since) <= Version(release)
+    ]
+
+
+def since_problems(root: Path, sources: Mapping[str, Path]) -> list[str]:
+    """A problem, saying what to write, for each `upstream_tests` entry whose
+    `since` is not the first pinned release that has its path, as far as
+    the pins and the sources at hand tell (`sources`: pinned release ->
+    its unpacked sdist, for those this machine has).
+
+    Without sources only the pins are known: `since` must name a pinned
+    release. With them, a pinned release older than `since` whose sources
+    have the path means `since` is too late (pinning an older release does
+    that; a release that has the file but must not run it says so in
+    `ci/deselected.toml`), and a release from `since` on whose sources lack
+    it means `since` is too early, or upstream removed the file.
+    """
+    where = root / FACTS_FILE
+    pinned = sorted(load_pins(root / PINS_FILE), key=Version)
+    problems = []
+    for test in upstream_tests(root):
+        present = {
+            release: (tree / test.path).exists()
+            for release, tree in sources.items()
+            if release in pinned
+        }
+        lacking = [r for r in pinned if present.get(r) is False]
+        newest_lacking = lacking[-1] if lacking else None
+        having = [
+            r
+            for r in pinned
+            if present.get(r)
+            and (newest_lacking is None or Version(r) > Version(newest_lacking))
+        ]
+        problem = _since_problem(test, pinned, having, newest_lacking)
+        if problem:
+            problems.append(f"{where}: {test}: {problem}")
+    return problems
+
+
+def _since_problem(
+    test: UpstreamTest, pinned: list[str], having: list[str], lacking: str | None
+) -> str | None:
+    """What is wrong with `test.since`, given the pinned releases (oldest
+    first), those known to have its path after the newest known to lack it,
+    and that one; None when nothing is known to be wrong."""
+    since = Version(test.since)
+    if test.since not in pinned:
+        later = [r for r in pinned if Version(r) >= since]
+        first = having[0] if having else (later[0] if later else None)
+        if first is None:
+            return (
+                f"{test.since} is not a pinned release, and no pinned release is "
+                "as new; pin it, or remove the entry"
+            )
+        return (
+            f"{test.since} is not a pinned release; `since` names the first "
+            f'pinned release that has the path: write since = "{first}"'
+        )
+    if having and Version(having[0]) < since:
+        return f'vLLM {having[0]}\'s sources have it: write since = "{having[0]}"'
+    if lacking is not None and Version(lacking) >= since:
+        if having:
+            return f'vLLM {lacking}\'s sources lack it: write since = "{having[0]}"'
+        return (
+            f"vLLM {lacking}'s sources lack it and no later pinned release's "
+            "sources at hand have it: remove the entry, or write since = the "
+            "first pinned release after it that has it"
+        )
+    return None
 
 
 def _since(what: str, value: object) -> Version:

