@@ -29,6 +29,7 @@ from vllm_overlay.track.rebase import (
 from vllm_overlay.track.refresh import refresh
 from vllm_overlay.track.round_trip import refresh_check
 from vllm_overlay.track.status import (
+    Verdict,
     format_json,
     format_table,
     record_status,
@@ -140,6 +141,16 @@ def _status(args: argparse.Namespace) -> int:
                 "probes could not run here (no test environment; run "
                 f"tools/test.sh {' '.join(kept)} first)"
             )
+    # A conflict is the one verdict a rebase cannot settle alone, so it fails
+    # the command (`arguments.STATUS_EXIT`): a script sees it without parsing.
+    conflicts = [row for row in rows if row.verdict is Verdict.CONFLICT]
+    if conflicts:
+        print(
+            f"vllm-overlay status: {len(conflicts)} conflict(s): "
+            + ", ".join(f"{row.patch} on {row.release}" for row in conflicts),
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
