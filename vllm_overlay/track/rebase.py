@@ -291,7 +291,8 @@ def continue_rebase(root: Path | None = None) -> RebaseOutcome:
 
 def skip_patch(root: Path | None = None) -> RebaseOutcome:
     """`--skip`: drop the stopped patch (recorded in the history with the
-    maintainer's decision as the reason), then go on."""
+    maintainer's decision as the reason, unless TO is a git commit, which
+    records nothing), then go on."""
     root = root or patches_root()
     state, repo = _load(root)
     if state.current is None:
@@ -411,6 +412,7 @@ def _replay(state: RebaseState, root: Path) -> RebaseOutcome:
             patches[name],
             state.commits[name],
             state.to_version or state.to_release,
+            state.to_release,
         )
         state.pending.pop(0)
         if picked is Picked.CONFLICT:
@@ -447,15 +449,19 @@ class Picked(StrEnum):
     DROPPED = "dropped"
 
 
-def _pick(repo: Path, patch: Patch, commit: str, to_version: str) -> tuple[Picked, str]:
-    """Replay one patch: how it ended, and why when it was dropped."""
+def _pick(
+    repo: Path, patch: Patch, commit: str, to_version: str, to_name: str
+) -> tuple[Picked, str]:
+    """Replay one patch: how it ended, and why when it was dropped. A
+    `Backport` patch is judged by the release `to_version`; the reason names
+    TO as `to_name` (the release, or the git commit as `REF@SHA`)."""
     dropped = patch.backport_drop(to_version)
     if dropped is not None:
         return Picked.DROPPED, dropped
     if _reverse_applies(repo, patch):
         return (
             Picked.DROPPED,
-            f"reverse-applies: vLLM {to_version} already has the change",
+            f"reverse-applies: vLLM {to_name} already has the change",
         )
     proc = _git_run(
         repo,
@@ -471,7 +477,7 @@ def _pick(repo: Path, patch: Patch, commit: str, to_version: str) -> tuple[Picke
         git(repo, "reset", "-q", "--hard", "HEAD^")
         return (
             Picked.DROPPED,
-            f"empty after a 3-way merge: vLLM {to_version} already has the change",
+            f"empty after a 3-way merge: vLLM {to_name} already has the change",
         )
     return Picked.KEPT, ""
 
@@ -624,11 +630,7 @@ def _finish(state: RebaseState, root: Path) -> RebaseOutcome:
         directory = Path(state.out_dir)
         write_series_dir(exported, state.to_release, directory)
         outcome = _outcome(
-            state,
-            root,
-            directory=directory,
-            references=tuple(references),
-            source=state.to_source,
+            state, root, directory=directory, references=tuple(references)
         )
     else:
         directory, _ = write_exported(exported, state.to_release, root)
@@ -656,7 +658,12 @@ def _outcome(state: RebaseState, root: Path, **fields: object) -> RebaseOutcome:
         for d in state.dropped
     )
     return RebaseOutcome(
-        state.from_release, state.to_release, tuple(state.kept), dropped, **fields
+        state.from_release,
+        state.to_release,
+        tuple(state.kept),
+        dropped,
+        source=state.to_source,
+        **fields,
     )
 
 
@@ -677,11 +684,20 @@ def format_conflicts(outcome: RebaseOutcome) -> str:
             ):
                 lines.append(f"      {label}:")
                 lines.extend(f"      | {ln}" for ln in text.splitlines() or [""])
+    # A rebase onto a git commit writes a folder, not a release's series:
+    # nothing goes into the history.
+    skip = (
+        "to leave the patch out of the series written to --out (a rebase onto "
+        "a git commit records nothing in the history), or `--abort` to give "
+        "up. Nothing was written yet."
+        if outcome.source
+        else "to drop the patch (recorded in the history), or `--abort` to give "
+        "up. Nothing under patches/ was written."
+    )
     lines += [
         f"Resolve it in {outcome.repo}: edit the files, `git add` them, then run "
         "`vllm-overlay rebase --continue`;",
-        "or `vllm-overlay rebase --skip` to drop the patch (recorded in the "
-        "history), or `--abort` to give up. Nothing under patches/ was written.",
+        f"or `vllm-overlay rebase --skip` {skip}",
     ]
     return "\n".join(lines) + "\n"
 
