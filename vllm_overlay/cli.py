@@ -10,6 +10,7 @@ from vllm_overlay.arguments import parse
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import patches_root
 from vllm_overlay.series.loader import release_series
+from vllm_overlay.track.conflicts import format_conflicts
 from vllm_overlay.track.edit_tree import open_series, refresh_command
 from vllm_overlay.track.extract import extract
 from vllm_overlay.track.git_source import open_git_source
@@ -20,7 +21,6 @@ from vllm_overlay.track.rebase import (
     RebaseOutcome,
     abort_rebase,
     continue_rebase,
-    format_conflicts,
     probe_outcome,
     skip_patch,
     start_rebase,
