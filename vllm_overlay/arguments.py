@@ -28,6 +28,21 @@ LEFTOVER_HINTS = {
     "doctor": "put vLLM's arguments after `--`: `vllm-overlay doctor "
     "[--without-series] -- [MODEL] [SERVE FLAGS...]`",
 }
+# A commit of a vLLM clone is named one way by every command and by
+# `python -m ci.track_main`: `PATH@REF`. An option spelling it otherwise gets
+# this hint, per (command, option).
+SOURCE_REF_HINT = "name the commit with the clone: `--source PATH@REF`"
+OPTION_HINTS = {
+    ("status", "--ref"): SOURCE_REF_HINT,
+    ("rebase", "--ref"): SOURCE_REF_HINT,
+}
+# What `status` exits with, in its --help and docs/maintainer/releases.md.
+STATUS_EXIT = (
+    "exit status: 0 when no patch conflicts (a patch that applies only with "
+    "offset, is already present or is dropped by rebase needs no hand merge: "
+    "`rebase` settles it); 1 when any patch conflicts, on an error, or when "
+    "--record kept a release's earlier verdicts"
+)
 
 Commands = argparse._SubParsersAction
 
@@ -65,7 +80,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args, leftovers = build_parser().parse_known_args(argv)
     if leftovers:
         command = f"{PROG} {args.command}"
-        hint = LEFTOVER_HINTS.get(args.command, f"see `{command} --help`")
+        option = leftovers[0].split("=", 1)[0]
+        hint = OPTION_HINTS.get((args.command, option)) or LEFTOVER_HINTS.get(
+            args.command, f"see `{command} --help`"
+        )
         raise OverlayError(
             f"{command}: unrecognized arguments: {' '.join(leftovers)} ({hint})"
         )
@@ -220,6 +238,7 @@ def _status(commands: Commands) -> argparse.ArgumentParser:
         commands,
         "status",
         "how each patch of the nearest series fares against vLLM releases",
+        epilog=STATUS_EXIT,
     )
     status.add_argument(
         "releases",
@@ -230,7 +249,8 @@ def _status(commands: Commands) -> argparse.ArgumentParser:
     status.add_argument(
         "--source",
         metavar="PATH[@REF]",
-        help="check a vLLM git clone at REF (default HEAD) instead of releases",
+        help="check a vLLM git clone at REF (default HEAD) instead of releases, "
+        "upstream's test hunks too",
     )
     status.add_argument("--json", action="store_true", help="print JSON rows")
     status.add_argument(

@@ -10,6 +10,7 @@ from vllm_overlay.arguments import parse
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import patches_root
 from vllm_overlay.series.loader import release_series
+from vllm_overlay.track.conflicts import format_conflicts
 from vllm_overlay.track.edit_tree import open_series, refresh_command
 from vllm_overlay.track.extract import extract
 from vllm_overlay.track.git_source import open_git_source
@@ -20,7 +21,6 @@ from vllm_overlay.track.rebase import (
     RebaseOutcome,
     abort_rebase,
     continue_rebase,
-    format_conflicts,
     probe_outcome,
     skip_patch,
     start_rebase,
@@ -29,6 +29,7 @@ from vllm_overlay.track.rebase import (
 from vllm_overlay.track.refresh import refresh
 from vllm_overlay.track.round_trip import refresh_check
 from vllm_overlay.track.status import (
+    Verdict,
     format_json,
     format_table,
     record_status,
@@ -142,6 +143,16 @@ def _status(args: argparse.Namespace) -> int:
                 "probes could not run here (no test environment; run "
                 f"tools/test.sh {' '.join(kept)} first)"
             )
+    # A conflict is the one verdict a rebase cannot settle alone, so it fails
+    # the command (`arguments.STATUS_EXIT`): a script sees it without parsing.
+    conflicts = [row for row in rows if row.verdict is Verdict.CONFLICT]
+    if conflicts:
+        print(
+            f"vllm-overlay status: {len(conflicts)} conflict(s): "
+            + ", ".join(f"{row.patch} on {row.release}" for row in conflicts),
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -197,6 +197,7 @@ def test_conflict_stops_with_a_report_and_writes_nothing(checkout, capsys):
     for side in ("| line twenty, upstream", "| line 20", f"| {PATCHED_LINE}"):
         assert side in err
     assert "--continue" in err
+    assert "`vllm-overlay rebase --skip` to drop the patch (recorded in the " in err
     assert not target_dir(checkout).exists()
     assert run_git(checkout.root, "status", "--porcelain", "patches") == ""
     assert (state_dir(checkout.patches) / "conflict.txt").read_text() in err
@@ -640,15 +641,38 @@ def test_a_rebase_onto_a_git_commit_writes_the_named_directory(
 def test_a_rebase_onto_a_commit_that_absorbed_the_patch_drops_it(
     checkout, tmp_path, capsys
 ):
+    """The reason names the commit that has the change, not the release
+    whose backports it holds."""
     clone = make_vllm_clone(tmp_path / "vllm")
     out = tmp_path / "onto-main"
     code, stdout, _ = rebase(
         capsys, RELEASE, "--source", f"{clone}@absorbed", "--out", str(out)
     )
     assert code == 0
-    assert f"dropped  {PATCH}: reverse-applies" in stdout
+    commit = run_git(clone, "rev-parse", "absorbed").strip()
+    assert (
+        f"dropped  {PATCH}: reverse-applies: vLLM absorbed@{commit[:12]} already "
+        "has the change"
+    ) in stdout
     assert not (out / PATCH).exists()
     assert not (checkout.patches / HISTORY_FILE).exists()
+
+
+def test_a_commit_that_merges_the_patch_to_nothing_is_named(checkout, tmp_path, capsys):
+    clone = make_vllm_clone(tmp_path / "vllm")
+    upstream = scheduler_edit(20, PATCHED_LINE).replace("line 17\n", "line 17 new\n")
+    (clone / SCHEDULER).write_text(upstream)
+    run_git(clone, "commit", "-qam", "absorbed beside other edits")
+    commit = run_git(clone, "rev-parse", "main").strip()
+    out = tmp_path / "onto-main"
+    code, stdout, _ = rebase(
+        capsys, RELEASE, "--source", f"{clone}@main", "--out", str(out)
+    )
+    assert code == 0
+    assert (
+        f"dropped  {PATCH}: empty after a 3-way merge: vLLM main@{commit[:12]} "
+        "already has the change"
+    ) in stdout
 
 
 def test_a_rebase_onto_a_git_commit_stops_at_a_conflict_and_resumes(
@@ -664,6 +688,12 @@ def test_a_rebase_onto_a_git_commit_stops_at_a_conflict_and_resumes(
     assert code == 1
     assert f"stopped  {PATCH}: merge conflict" in stdout
     assert "does not merge onto vLLM main@" in err
+    assert "recorded in the history" not in err
+    assert (
+        "`vllm-overlay rebase --skip` to leave the patch out of the series "
+        "written to --out (a rebase onto a git commit records nothing in the "
+        "history)"
+    ) in " ".join(err.split())
     assert not out.exists()
     repo = state_dir(checkout.patches) / "repo"
     (repo / SCHEDULER).write_text(scheduler_edit(20, PATCHED_LINE))
@@ -674,9 +704,23 @@ def test_a_rebase_onto_a_git_commit_stops_at_a_conflict_and_resumes(
     assert PATCHED_LINE in (out / PATCH).read_text()
 
 
+def test_skip_at_a_conflict_on_a_git_commit_records_nothing(checkout, tmp_path, capsys):
+    clone = make_vllm_clone(tmp_path / "vllm")
+    (clone / SCHEDULER).write_text(scheduler_edit(20, "line twenty, upstream"))
+    run_git(clone, "commit", "-qam", "clash")
+    out = tmp_path / "onto-main"
+    assert rebase(capsys, RELEASE, "--source", str(clone), "--out", str(out))[0] == 1
+    code, stdout, _ = rebase(capsys, "--skip")
+    assert code == 0, stdout
+    assert f"dropped  {PATCH}: skipped by the maintainer" in stdout
+    assert f"wrote {out} (0 kept, 1 dropped)" in stdout
+    assert not (checkout.patches / HISTORY_FILE).exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["--source", "{clone}", "--ref", "main"], "`--source PATH@REF`"),
         (["--source", "{clone}"], "needs both --source and --out"),
         (["--out", "{out}"], "needs both --source and --out"),
         ([RELEASE, TO, "--source", "{clone}", "--out", "{out}"], "needs FROM only"),

@@ -57,10 +57,39 @@ def upstream(monkeypatch, project) -> FakeIndex:
     return index
 
 
+def exit_code(rows: list[dict]) -> int:
+    """What `status` exits with for `rows`: 1 when any patch conflicts."""
+    return int(any(row["verdict"].startswith("conflicts") for row in rows))
+
+
 def verdicts(capsys, *releases: str) -> list[dict]:
     code, out, err = run_cli(capsys, "status", "--json", *releases)
+    rows = json.loads(out)
+    assert code == exit_code(rows), err
+    return rows
+
+
+def test_a_conflict_fails_the_command_and_says_so(project, upstream, capsys):
+    """Conflicts exit 1 (with the table printed all the same); an offset,
+    which a rebase settles without a hand merge, exits 0."""
+    upstream.releases["9.9.1"] = "new first line\n" + SCHEDULER_SOURCE
+    upstream.releases["9.9.2"] = scheduler_edit(18, "line eighteen, rewritten")
+    code, out, err = run_cli(capsys, "status", "9.9.1")
     assert code == 0, err
-    return json.loads(out)
+    code, out, err = run_cli(capsys, "status", "9.9.1", "9.9.2")
+    assert code == 1
+    assert "scheduler-demo.patch  conflicts" in out
+    assert err.splitlines()[-1] == (
+        "vllm-overlay status: 1 conflict(s): scheduler-demo.patch on 9.9.2"
+    )
+
+
+def test_the_exit_status_is_in_the_help(project, capsys):
+    with pytest.raises(SystemExit):
+        main(["status", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "exit status: 0 when no patch conflicts" in help_text
+    assert "1 when any patch conflicts" in help_text
 
 
 def test_pinned_release_applies_exactly(project, capsys):
@@ -471,8 +500,9 @@ def vllm_clone(tmp_path: Path) -> Path:
 
 def at(capsys, source: str) -> tuple[list[dict], str]:
     code, out, err = run_cli(capsys, "status", "--json", "--source", source)
-    assert code == 0, err
-    return json.loads(out), err
+    rows = json.loads(out)
+    assert code == exit_code(rows), err
+    return rows, err
 
 
 @pytest.mark.parametrize(
@@ -519,15 +549,123 @@ def test_a_git_clone_without_a_ref_is_read_at_its_head(project, vllm_clone, caps
 def test_a_commit_without_a_release_tag_takes_the_newest_series(
     project, vllm_clone, capsys
 ):
+    """A full clone without tags is not called shallow: only a clone that
+    is gets the hint."""
     run_git(vllm_clone, "tag", "-d", f"v{RELEASE}")
     (row,), err = at(capsys, f"{vllm_clone}@release")
     assert row["series"] == RELEASE
-    assert "which contains no release tag (a shallow clone?)" in err
+    assert "which contains no release tag, against the 9.9.0 series" in err
+    assert "shallow" not in err
+
+
+def test_a_shallow_clone_is_named_as_the_reason_for_no_tag(
+    project, vllm_clone, tmp_path, capsys
+):
+    shallow = tmp_path / "shallow"
+    run_git(tmp_path, "clone", "-q", "--depth", "1", f"file://{vllm_clone}", "shallow")
+    (row,), err = at(capsys, f"{shallow}@HEAD")
+    assert row["series"] == RELEASE
+    assert (
+        "which contains no release tag (a shallow clone: `git fetch "
+        "--unshallow` brings its tags)"
+    ) in err
+
+
+UPSTREAM_TEST = "tests/v1/core/test_scheduler.py"
+TEST_SOURCE = "".join(f"check {n}\n" for n in range(1, 21))
+
+
+@pytest.mark.parametrize(
+    ("tests", "verdict", "detail"),
+    [
+        (TEST_SOURCE, "applies exactly", ""),
+        (
+            "new first check\n" + TEST_SOURCE,
+            "applies only with offset",
+            f"{UPSTREAM_TEST} hunk #1 at line 8 (offset)",
+        ),
+        (
+            edited(TEST_SOURCE, {8: "check 8, rewritten upstream"}),
+            "conflicts",
+            f"{UPSTREAM_TEST} hunk #1 (at line 7) does not match",
+        ),
+    ],
+)
+def test_a_git_commit_judges_the_hunks_of_upstreams_tests(
+    project, tmp_path, capsys, tests, verdict, detail
+):
+    """A commit holds upstream's tests, which the harness patches exactly:
+    a test hunk that moved or conflicts is judged as a package hunk is."""
+    (project.series_dir / "scheduler-demo.patch").write_text(
+        format_patch(
+            project.workdir,
+            {SCHEDULER: SCHEDULER_SOURCE, UPSTREAM_TEST: TEST_SOURCE},
+            {SCHEDULER: PATCHED, UPSTREAM_TEST: edited(TEST_SOURCE, {10: "patched"})},
+        )
+    )
+    clone = tmp_path / "vllm"
+    for name, text in ((SCHEDULER, SCHEDULER_SOURCE), (UPSTREAM_TEST, tests)):
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        (clone / name).write_text(text)
+    run_git(clone, "init", "-q")
+    run_git(clone, "add", "-A")
+    run_git(clone, "commit", "-qm", "release")
+    run_git(clone, "tag", f"v{RELEASE}")
+    (row,), _ = at(capsys, str(clone))
+    assert (row["verdict"], row["detail"]) == (verdict, detail)
+
+
+def test_a_test_hunk_only_an_earlier_conflict_breaks_is_a_dependency(
+    project, tmp_path, capsys
+):
+    """The dependency check reads upstream's tests of the series' own
+    release from its pinned sdist, as it reads the package from the wheel."""
+    patched_tests = edited(TEST_SOURCE, {10: "patched"})
+    (project.series_dir / "scheduler-demo.patch").write_text(
+        format_patch(
+            project.workdir,
+            {SCHEDULER: SCHEDULER_SOURCE, UPSTREAM_TEST: TEST_SOURCE},
+            {SCHEDULER: PATCHED, UPSTREAM_TEST: patched_tests},
+        )
+    )
+    project.add_patch(
+        "tests-follow-up.patch",
+        format_patch(
+            project.workdir,
+            {UPSTREAM_TEST: patched_tests},
+            {UPSTREAM_TEST: edited(patched_tests, {11: "follow-up"})},
+            subject="tests: follow-up",
+        ),
+    )
+    sdist = project.cache / "sources" / f"vllm-{RELEASE}"
+    (sdist / UPSTREAM_TEST).parent.mkdir(parents=True)
+    (sdist / UPSTREAM_TEST).write_text(TEST_SOURCE)
+    (sdist / ".vllm-overlay-sdist-sha256").write_text("0" * 64)
+    clone = tmp_path / "vllm"
+    upstream = ((SCHEDULER, edited(SCHEDULER_SOURCE, {18: "eighteen"})),)
+    for name, text in (*upstream, (UPSTREAM_TEST, TEST_SOURCE)):
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        (clone / name).write_text(text)
+    run_git(clone, "init", "-q")
+    run_git(clone, "add", "-A")
+    run_git(clone, "commit", "-qm", "release")
+    run_git(clone, "tag", f"v{RELEASE}")
+    demo, second = at(capsys, str(clone))[0]
+    assert demo["verdict"] == "conflicts"
+    assert second["verdict"] == (
+        "conflicts (depends on scheduler-demo.patch, which conflicts)"
+    )
+    assert second["detail"] == f"{UPSTREAM_TEST} hunk #1 (at line 8) does not match"
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (
+            ["--source", "{clone}", "--ref", "main"],
+            "unrecognized arguments: --ref (name the commit with the clone: "
+            "`--source PATH@REF`)",
+        ),
         (["--source", "{clone}@nothing"], "'nothing' names no commit in {clone}"),
         (["--source", "{outside}"], "{outside} is not a git clone"),
         (["--source", "{clone}/missing@main"], "{clone}/missing is not a directory"),

@@ -5,7 +5,7 @@ it keeps between runs, its summary, and its exit status."""
 import json
 
 import pytest
-from conftest import make_vllm_clone, run_git
+from conftest import SCHEDULER, make_vllm_clone, run_git
 
 from ci import track_main
 
@@ -21,9 +21,7 @@ def run(clone, tmp_path, ref: str) -> tuple[int, str]:
     summary = tmp_path / f"summary-{ref}.md"
     code = track_main.main(
         [
-            str(clone),
-            "--ref",
-            ref,
+            f"{clone}@{ref}",
             "--state",
             str(tmp_path / "state"),
             "--summary",
@@ -37,35 +35,111 @@ def kept(tmp_path, name: str) -> dict:
     return json.loads((tmp_path / "state" / name).read_text())
 
 
+def commit_of(clone, ref: str) -> str:
+    return run_git(clone, "rev-parse", ref).strip()
+
+
 def test_a_first_run_records_and_passes(project, clone, tmp_path, capsys):
     code, text = run(clone, tmp_path, "release")
-    commit = run_git(clone, "rev-parse", "release").strip()
+    commit = commit_of(clone, "release")
     assert code == 0
-    assert "First run: nothing to compare with." in text
-    assert f"| `{PATCH}` | applies exactly | - |" in text
+    assert "Green: every patch applies exactly." in text
+    assert "First run: no earlier verdicts to compare with." in text
+    assert f"| `{PATCH}` | applies exactly | - | - |" in text
     assert kept(tmp_path, "last.json")["verdicts"] == {PATCH: "applies exactly"}
+    assert kept(tmp_path, "last.json")["failing"] == {}
     assert kept(tmp_path, "good.json")["commit"] == commit
-    assert f"Last good commit (no patch conflicts): `{commit}`" in text
+    assert f"Last good commit (every patch applies exactly): `{commit}`" in text
 
 
-def test_a_changed_verdict_fails_once(project, clone, tmp_path, capsys):
+def test_a_first_run_with_a_conflict_is_red(project, clone, tmp_path, capsys):
+    code, text = run(clone, tmp_path, "conflict")
+    assert code == 1
+    assert "**Red: 1 patch(es) do not apply exactly**" in text
+    assert (
+        f"- `{PATCH}` conflicts: {SCHEDULER} hunk #1 (at line 17) does not match"
+    ) in text
+    assert "Last good commit (every patch applies exactly): none seen yet" in text
+    assert not (tmp_path / "state" / "good.json").exists()
+
+
+def test_an_offset_is_red_every_night_it_lasts(project, clone, tmp_path, capsys):
+    """The build refuses an offset, so a commit that needs one is not good,
+    and a break that persists stays red, not only the night it appears."""
     assert run(clone, tmp_path, "release")[0] == 0
+    good = commit_of(clone, "release")
     code, text = run(clone, tmp_path, "moved")
     assert code == 1
     assert f"- {PATCH}: applies exactly -> applies only with offset" in text
+    assert (
+        f"- `{PATCH}` applies only with offset: {SCHEDULER} hunk #1 at line 20 (offset)"
+    ) in text
     code, text = run(clone, tmp_path, "moved")
-    assert code == 0
+    assert code == 1
     assert "No verdict changed since the last run" in text
+    assert kept(tmp_path, "good.json")["commit"] == good
+    assert f"Last good commit (every patch applies exactly): `{good}`" in text
 
 
-def test_the_last_good_commit_survives_a_conflict(project, clone, tmp_path, capsys):
-    assert run(clone, tmp_path, "moved")[0] == 0
-    good = run_git(clone, "rev-parse", "moved").strip()
+def test_the_artifact_and_summary_name_the_failing_hunk(
+    project, clone, tmp_path, capsys
+):
+    assert run(clone, tmp_path, "release")[0] == 0
+    good, bad = commit_of(clone, "release"), commit_of(clone, "conflict")
     code, text = run(clone, tmp_path, "conflict")
     assert code == 1
-    assert f"| `{PATCH}` | conflicts | applies only with offset |" in text
+    assert kept(tmp_path, "last.json")["failing"] == {
+        PATCH: {
+            "verdict": "conflicts",
+            "detail": f"{SCHEDULER} hunk #1 (at line 17) does not match",
+            "hunks": [{"file": SCHEDULER, "hunk": "1", "line": 17, "kind": "mismatch"}],
+        }
+    }
+    assert (
+        f"| `{PATCH}` | conflicts | {SCHEDULER} hunk #1 (at line 17) does not "
+        "match | applies exactly |"
+    ) in text
     assert kept(tmp_path, "good.json")["commit"] == good
-    assert f"Last good commit (no patch conflicts): `{good}`" in text
+    assert (f"`git log --oneline {good[:12]}..{bad[:12]} -- {SCHEDULER}`") in text
+
+
+def test_a_good_commit_kept_with_an_offset_is_not_shown_as_good(
+    project, clone, tmp_path, capsys
+):
+    """A `good.json` written when an offset still counted as good."""
+    state = tmp_path / "state"
+    state.mkdir()
+    old = {"commit": "0" * 40, "date": "2026-11-01", "label": "main@000000000000"}
+    old |= {"series": "9.9.0", "verdicts": {PATCH: "applies only with offset"}}
+    (state / "good.json").write_text(json.dumps(old))
+    code, text = run(clone, tmp_path, "conflict")
+    assert code == 1
+    assert "Last good commit (every patch applies exactly): none seen yet" in text
+    assert "0" * 40 not in text
+
+
+def test_a_patch_upstream_has_is_green(project, clone, tmp_path, capsys):
+    """The next rebase drops it unasked: nothing for a maintainer to fix."""
+    code, text = run(clone, tmp_path, "absorbed")
+    assert code == 0
+    assert f"| `{PATCH}` | already present | - | - |" in text
+
+
+def test_the_commit_is_named_as_status_names_it(project, clone, tmp_path, capsys):
+    state = str(tmp_path / "state")
+    code = track_main.main([str(clone), "--ref", "moved", "--state", state])
+    assert code == 1
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            "python -m ci.track_main takes no --ref: name the commit with the "
+            "clone, CLONE@REF, as `vllm-overlay status --source PATH@REF` does"
+        )
+    )
+    assert not (tmp_path / "state").exists()
+    assert track_main.main([str(clone), "--state", state]) == 0
+    assert kept(tmp_path, "last.json")["commit"] == commit_of(clone, "HEAD")
 
 
 def test_an_unreadable_state_is_an_error(project, clone, tmp_path, capsys):

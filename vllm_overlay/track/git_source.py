@@ -9,8 +9,12 @@ out, and the clone is only read. A blobless clone (`git clone
 The commit's release is the newest release tag it contains (`git describe
 --tags --match 'v[0-9]*'`): its series is the nearest, and a `Backport
 <release>` patch is dropped only for a release the commit contains. A
-commit with no release tag behind it (a shallow clone) is checked against
-the newest series, and says so.
+commit with no release tag behind it is checked against the newest series,
+and says so; only a shallow clone (`git rev-parse --is-shallow-repository`)
+is blamed for it, since a full clone without tags is just that.
+
+A commit is named one way everywhere (`status --source`, `rebase --source`,
+`python -m ci.track_main`): `PATH@REF`, or `PATH` for its HEAD.
 """
 
 from dataclasses import dataclass
@@ -33,6 +37,8 @@ class GitSource:
     date: str
     # The newest release tag the commit contains ("" when none is reachable).
     release: str
+    # Whether the clone is shallow: its history, and so its tags, cut short.
+    shallow: bool
 
     @property
     def label(self) -> str:
@@ -53,26 +59,28 @@ class GitSource:
         }
 
 
-def open_git_source(spec: str) -> GitSource:
+def open_git_source(spec: str, argument: str = "--source") -> GitSource:
     """`PATH` (its HEAD) or `PATH@REF`: a git clone of vLLM and a commit in
-    it; an `OverlayError` naming what is wrong otherwise."""
+    it; an `OverlayError` naming what is wrong (and the `argument` that said
+    it) otherwise."""
     path, ref = Path(spec), "HEAD"
     if not path.is_dir() and "@" in spec:
         head, _, tail = spec.rpartition("@")
         path, ref = Path(head), tail
     if not path.is_dir():
-        raise OverlayError(f"--source {spec}: {path} is not a directory")
+        raise OverlayError(f"{argument} {spec}: {path} is not a directory")
     inside = git_run(path, "rev-parse", "--is-inside-work-tree", "--git-dir")
     if inside.returncode != 0:
-        raise OverlayError(f"--source {spec}: {path} is not a git clone")
+        raise OverlayError(f"{argument} {spec}: {path} is not a git clone")
     found = git_run(path, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
     if found.returncode != 0:
-        raise OverlayError(f"--source {spec}: {ref!r} names no commit in {path}")
+        raise OverlayError(f"{argument} {spec}: {ref!r} names no commit in {path}")
     commit = found.stdout.strip()
     if git_run(path, "cat-file", "-e", f"{commit}:vllm").returncode != 0:
-        raise OverlayError(f"--source {spec}: commit {commit[:12]} has no vllm/")
+        raise OverlayError(f"{argument} {spec}: commit {commit[:12]} has no vllm/")
     date = git(path, "log", "-1", "--format=%cs", commit).strip()
-    return GitSource(path, ref, commit, date, _release_of(path, commit))
+    shallow = git(path, "rev-parse", "--is-shallow-repository").strip() == "true"
+    return GitSource(path, ref, commit, date, _release_of(path, commit), shallow)
 
 
 def _release_of(repo: Path, commit: str) -> str:

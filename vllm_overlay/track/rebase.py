@@ -14,11 +14,11 @@ merge base (a real 3-way merge, which `status` cannot offer from a wheel):
   append-only history file with the release that absorbed it;
 - a clean merge is kept, and re-exported against TO (trailers kept, context
   refreshed, so it applies to TO exactly);
-- a conflict stops the run with a report (patch, file, each conflicting hunk
-  with the TO side, the merge base and the patch's side) and leaves the
-  repository and a state file under `.vllm-overlay/rebase/` of the checkout,
-  to be resolved there and resumed with `--continue` (or `--skip` the patch,
-  or `--abort`).
+- a conflict stops the run with a report (`conflicts.py`: patch, file, each
+  conflicting hunk with the TO side, the merge base and the patch's side)
+  and leaves the repository and a state file under `.vllm-overlay/rebase/`
+  of the checkout, to be resolved there and resumed with `--continue` (or
+  `--skip` the patch, or `--abort`).
 
 Nothing under `patches/` is written before every patch has been replayed; then
 the TO series directory appears whole (see `refresh.write_exported`), is
@@ -56,6 +56,12 @@ from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.series.loader import load_series, pinned_releases
 from vllm_overlay.series.model import Patch, Series, series_dir
 from vllm_overlay.series.pins import Dist, ReleasePin, resolve_release
+from vllm_overlay.track.conflicts import (
+    FileConflict,
+    conflict_hunks,
+    conflicts_in,
+    format_conflicts,
+)
 from vllm_overlay.track.git_source import open_git_source
 from vllm_overlay.track.history import DroppedPatch, append_history
 from vllm_overlay.track.pin import record_series
@@ -84,18 +90,6 @@ STATE_DIR = Path(".vllm-overlay") / "rebase"
 TARGET_TAG = "upstream-to"
 _STATE_FILE = "state.json"
 _REPORT_FILE = "conflict.txt"
-# git's conflict markers (diff3 style) and their place: 0 opens the TO side,
-# 1 the merge base, 2 the patch's side, 3 closes.
-_MARKERS = ((0, "<<<<<<< "), (1, "||||||| "), (3, ">>>>>>> "))
-_UNMERGED_STATES = {
-    "UU": "both changed it",
-    "AA": "both created it",
-    "DU": "vLLM {to} deleted it; the patch changes it",
-    "UD": "the patch deletes it; vLLM {to} changed it",
-    "AU": "the patch created it; vLLM {to} has it",
-    "UA": "vLLM {to} created it; the patch has it",
-    "DD": "both deleted it",
-}
 
 
 @dataclass
@@ -118,24 +112,6 @@ class RebaseState:
     to_source: str = ""
     to_version: str = ""
     out_dir: str = ""
-
-
-@dataclass(frozen=True)
-class ConflictHunk:
-    """One conflict region of a file: the TO side, the merge base and the
-    patch's side, as git left them between its markers."""
-
-    line: int
-    upstream: str
-    base: str
-    patch: str
-
-
-@dataclass(frozen=True)
-class FileConflict:
-    path: str
-    how: str
-    hunks: tuple[ConflictHunk, ...]
 
 
 @dataclass(frozen=True)
@@ -291,7 +267,8 @@ def continue_rebase(root: Path | None = None) -> RebaseOutcome:
 
 def skip_patch(root: Path | None = None) -> RebaseOutcome:
     """`--skip`: drop the stopped patch (recorded in the history with the
-    maintainer's decision as the reason), then go on."""
+    maintainer's decision as the reason, unless TO is a git commit, which
+    records nothing), then go on."""
     root = root or patches_root()
     state, repo = _load(root)
     if state.current is None:
@@ -411,6 +388,7 @@ def _replay(state: RebaseState, root: Path) -> RebaseOutcome:
             patches[name],
             state.commits[name],
             state.to_version or state.to_release,
+            state.to_release,
         )
         state.pending.pop(0)
         if picked is Picked.CONFLICT:
@@ -447,15 +425,19 @@ class Picked(StrEnum):
     DROPPED = "dropped"
 
 
-def _pick(repo: Path, patch: Patch, commit: str, to_version: str) -> tuple[Picked, str]:
-    """Replay one patch: how it ended, and why when it was dropped."""
+def _pick(
+    repo: Path, patch: Patch, commit: str, to_version: str, to_name: str
+) -> tuple[Picked, str]:
+    """Replay one patch: how it ended, and why when it was dropped. A
+    `Backport` patch is judged by the release `to_version`; the reason names
+    TO as `to_name` (the release, or the git commit as `REF@SHA`)."""
     dropped = patch.backport_drop(to_version)
     if dropped is not None:
         return Picked.DROPPED, dropped
     if _reverse_applies(repo, patch):
         return (
             Picked.DROPPED,
-            f"reverse-applies: vLLM {to_version} already has the change",
+            f"reverse-applies: vLLM {to_name} already has the change",
         )
     proc = _git_run(
         repo,
@@ -471,7 +453,7 @@ def _pick(repo: Path, patch: Patch, commit: str, to_version: str) -> tuple[Picke
         git(repo, "reset", "-q", "--hard", "HEAD^")
         return (
             Picked.DROPPED,
-            f"empty after a 3-way merge: vLLM {to_version} already has the change",
+            f"empty after a 3-way merge: vLLM {to_name} already has the change",
         )
     return Picked.KEPT, ""
 
@@ -545,53 +527,8 @@ def _files_with_markers(repo: Path) -> list[str]:
         name
         for name in staged
         if (repo / name).is_file()
-        and _conflict_hunks((repo / name).read_text(encoding="utf-8", errors="replace"))
+        and conflict_hunks((repo / name).read_text(encoding="utf-8", errors="replace"))
     ]
-
-
-def conflicts_in(repo: Path, to_version: str) -> tuple[FileConflict, ...]:
-    """Every unmerged file of the stopped cherry-pick, with its hunks."""
-    conflicts = []
-    for line in git(repo, "status", "--porcelain").splitlines():
-        code, path = line[:2], line[3:]
-        if code not in _UNMERGED_STATES:
-            continue
-        how = _UNMERGED_STATES[code].format(to=to_version)
-        target = repo / path
-        text = (
-            target.read_text(encoding="utf-8", errors="replace")
-            if target.is_file()
-            else ""
-        )
-        conflicts.append(FileConflict(path, how, _conflict_hunks(text)))
-    return tuple(conflicts)
-
-
-def _conflict_hunks(text: str) -> tuple[ConflictHunk, ...]:
-    """The diff3-style conflict regions of `text`: TO side, base, patch side."""
-    hunks = []
-    sides: list[list[str]] | None = None
-    side = start = 0
-    for number, line in enumerate(text.splitlines(keepends=True), start=1):
-        marker = _marker(line)
-        if sides is None:
-            if marker == 0:
-                sides, side, start = [[], [], []], 0, number
-        elif marker in (1, 2):
-            side = marker
-        elif marker == 3:
-            hunks.append(ConflictHunk(start, *("".join(s) for s in sides)))
-            sides = None
-        else:
-            sides[side].append(line)
-    return tuple(hunks)
-
-
-def _marker(line: str) -> int | None:
-    """Which of git's conflict markers `line` is, if any."""
-    if line.rstrip("\n") == "=======":
-        return 2
-    return next((place for place, m in _MARKERS if line.startswith(m)), None)
 
 
 def _drop(state: RebaseState, name: str, reason: str) -> None:
@@ -624,11 +561,7 @@ def _finish(state: RebaseState, root: Path) -> RebaseOutcome:
         directory = Path(state.out_dir)
         write_series_dir(exported, state.to_release, directory)
         outcome = _outcome(
-            state,
-            root,
-            directory=directory,
-            references=tuple(references),
-            source=state.to_source,
+            state, root, directory=directory, references=tuple(references)
         )
     else:
         directory, _ = write_exported(exported, state.to_release, root)
@@ -656,34 +589,13 @@ def _outcome(state: RebaseState, root: Path, **fields: object) -> RebaseOutcome:
         for d in state.dropped
     )
     return RebaseOutcome(
-        state.from_release, state.to_release, tuple(state.kept), dropped, **fields
+        state.from_release,
+        state.to_release,
+        tuple(state.kept),
+        dropped,
+        source=state.to_source,
+        **fields,
     )
-
-
-def format_conflicts(outcome: RebaseOutcome) -> str:
-    """The conflict report: enough to resolve without opening the repo."""
-    lines = [
-        f"{outcome.stopped_at} does not merge onto vLLM {outcome.to_release} "
-        f"(3-way, from {outcome.from_release}):"
-    ]
-    for conflict in outcome.conflicts:
-        lines.append(f"  {conflict.path}: {conflict.how}")
-        for number, hunk in enumerate(conflict.hunks, start=1):
-            lines.append(f"    conflict {number} at line {hunk.line}:")
-            for label, text in (
-                (f"vLLM {outcome.to_release}", hunk.upstream),
-                (f"vLLM {outcome.from_release} (merge base)", hunk.base),
-                ("the patch", hunk.patch),
-            ):
-                lines.append(f"      {label}:")
-                lines.extend(f"      | {ln}" for ln in text.splitlines() or [""])
-    lines += [
-        f"Resolve it in {outcome.repo}: edit the files, `git add` them, then run "
-        "`vllm-overlay rebase --continue`;",
-        "or `vllm-overlay rebase --skip` to drop the patch (recorded in the "
-        "history), or `--abort` to give up. Nothing under patches/ was written.",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def _load(root: Path) -> tuple[RebaseState, Path]:

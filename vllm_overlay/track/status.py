@@ -30,8 +30,12 @@ whenever the files differ, which is exactly when a 3-way merge would matter;
 git then falls back to a plain apply. The honest middle verdict available
 without the patch's base commit is "applies, but not where the patch says".
 
-Only hunks under `vllm/` are checked: those files come from the wheel. The
-hunks that update upstream's tests need the sdist, which this does not fetch.
+For a release only hunks under `vllm/` are checked: those files come from
+the wheel, and the hunks that update upstream's tests need the sdist, which
+this does not fetch. A git commit holds both, so `--source` checks the test
+hunks too, by the same rules: the harness applies them to upstream's tests
+exactly, and a test hunk that conflicts or moved fails `tools/test.sh` as a
+package hunk fails the build.
 
 With `probe=True` each row also gets the verdict of the patch's probes on the
 unpatched release (see `probing.py`): whether the patch is still needed even
@@ -62,15 +66,28 @@ from vllm_overlay.series.loader import (
     nearest_series,
     pinned_releases,
 )
-from vllm_overlay.series.model import PACKAGE_DIR, Patch, Series, has_series
+from vllm_overlay.series.model import (
+    PACKAGE_DIR,
+    TESTS_DIR,
+    Patch,
+    Series,
+    has_series,
+)
 from vllm_overlay.series.pins import Dist, ReleasePin, find_pin, normalise_version
 from vllm_overlay.track.git_source import GitSource
 from vllm_overlay.track.probing import no_environment, probe_verdicts
+from vllm_overlay.track.scratch_tree import pristine_files
 from vllm_overlay.track.table import TABLE_FILE, render_table
 from vllm_overlay.track.verdicts import record_verdicts
 from vllm_overlay.trees import write_tree
-from vllm_overlay.upstream.applier import apply_error, git_apply, hunk_problems
+from vllm_overlay.upstream.applier import (
+    HunkProblem,
+    apply_error,
+    git_apply,
+    hunk_problems,
+)
 from vllm_overlay.upstream.fetch import (
+    fetch_sdist_tree,
     fetch_wheel,
     last_error_line,
     pip_download,
@@ -109,6 +126,9 @@ class PatchStatus:
     commit_date: str | None = None
     # A conflict that an earlier, left-out patch causes (`_dependency`).
     depends_on: str | None = None
+    # The hunks that did not match (a conflict) or applied only elsewhere
+    # (an offset), each with its file: what the nightly names.
+    hunks: tuple[HunkProblem, ...] = ()
 
     @property
     def verdict_text(self) -> str:
@@ -158,7 +178,7 @@ def status(
             version,
             pin is not None,
             wheel_members(wheel, series.touched_files),
-            _own_files(series, cache),
+            _own_files(series, cache, with_tests=False),
         )
         if probe:
             verdicts = probe_verdicts(series, version, root.parent, cache)
@@ -172,7 +192,8 @@ def status_at(
 ) -> list[PatchStatus]:
     """The verdict of every patch of the nearest series against a vLLM git
     commit (`git_source`): the series of the newest release the commit
-    contains, else the newest series."""
+    contains, else the newest series. The commit holds upstream's tests, so
+    the hunks that update them are judged too."""
     root = root or patches_root()
     pins = pinned_releases(root)
     with_series = {v: pin for v, pin in pins.items() if has_series(root, v)}
@@ -183,7 +204,11 @@ def status_at(
         after = f"which contains v{source.release}"
     else:
         nearest = with_series[max(with_series, key=Version)]
-        after = "which contains no release tag (a shallow clone?)"
+        after = "which contains no release tag" + (
+            " (a shallow clone: `git fetch --unshallow` brings its tags)"
+            if source.shallow
+            else ""
+        )
     series = load_series(root, nearest)
     print(
         f"vllm-overlay: checking {source.repo} at {source.label} "
@@ -194,8 +219,9 @@ def status_at(
         series,
         source.release or nearest.version,
         False,
-        source.files(series.touched_files),
-        _own_files(series, cache or cache_root()),
+        source.files([*series.touched_files, *series.upstream_test_files]),
+        _own_files(series, cache or cache_root(), with_tests=True),
+        (PACKAGE_DIR, TESTS_DIR),
     )
     return [
         replace(
@@ -205,16 +231,22 @@ def status_at(
     ]
 
 
-def _own_files(series: Series, cache: Path) -> Callable[[], dict[str, bytes]]:
-    """The files `series` touches as its own release ships them, read (and
-    the pinned wheel fetched) on first use only: just a conflict after an
-    earlier one needs them (see `_dependency`)."""
+def _own_files(
+    series: Series, cache: Path, with_tests: bool
+) -> Callable[[], dict[str, bytes]]:
+    """The files `series` touches as its own release ships them (upstream's
+    tests too, from the pinned sdist, `with_tests`), read (and the pinned
+    artifacts fetched) on first use only: just a conflict after an earlier
+    one needs them (see `_dependency`)."""
 
     @functools.cache
     def read() -> dict[str, bytes]:
         release = series.release
         wheel = fetch_wheel(release, Dist.VLLM, cache).path
-        return wheel_members(wheel, series.touched_files)
+        if not with_tests:
+            return wheel_members(wheel, series.touched_files)
+        tests = fetch_sdist_tree(release, cache) if series.upstream_test_files else None
+        return pristine_files(series, wheel, tests)
 
     return read
 
@@ -285,25 +317,27 @@ def check_release(
     pinned: bool,
     files: Mapping[str, bytes],
     own_files: Callable[[], Mapping[str, bytes]],
+    trees: tuple[str, ...] = (PACKAGE_DIR,),
 ) -> list[PatchStatus]:
     """Each patch's verdict against the release's `files` (those the series
-    touches, as vLLM `version` has them), as the rebased series would meet
-    them: the patches that apply (exactly or with offset) are applied, so
-    later patches see their changes; one that `rebase` drops, or that
-    conflicts, is left out. `own_files` reads the files the series touches
-    as its own release ships them, for `_dependency`."""
+    touches under `trees`, as vLLM `version` has them), as the rebased
+    series would meet them: the patches that apply (exactly or with offset)
+    are applied, so later patches see their changes; one that `rebase`
+    drops, or that conflicts, is left out. Only the hunks under `trees` are
+    judged. `own_files` reads the same files as the series' own release
+    ships them, for `_dependency`."""
     rows = []
     earlier: list[tuple[Patch, Verdict]] = []
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-status-") as scratch:
         root = Path(scratch) / "tree"
         _write(files, root)
         for patch in series.patches:
-            verdict, detail = judge(patch, root, version)
+            verdict, detail, hunks = judge(patch, root, version, trees)
             depends_on = None
             if verdict is Verdict.CONFLICT:
-                depends_on = _dependency(patch, root, earlier, own_files)
+                depends_on = _dependency(patch, root, earlier, own_files, trees)
             if verdict in (Verdict.EXACT, Verdict.OFFSET):
-                git_apply(patch, root, PACKAGE_DIR)
+                git_apply(patch, root, trees)
             earlier.append((patch, verdict))
             rows.append(
                 PatchStatus(
@@ -314,6 +348,7 @@ def check_release(
                     verdict,
                     detail,
                     depends_on=depends_on,
+                    hunks=hunks,
                 )
             )
     return rows
@@ -326,47 +361,70 @@ def _write(files: Mapping[str, bytes], root: Path) -> None:
     write_tree(root, files)
 
 
-def judge(patch: Patch, root: Path, version: str) -> tuple[str, str]:
-    """The verdict and its detail for one patch against the files in `root`,
-    those of vLLM `version`."""
+def judge(
+    patch: Patch, root: Path, version: str, trees: tuple[str, ...] = (PACKAGE_DIR,)
+) -> tuple[Verdict, str, tuple[HunkProblem, ...]]:
+    """The verdict, its detail and the hunks to blame for one patch against
+    the files under `trees` in `root`, those of vLLM `version`."""
     dropped = patch.backport_drop(version)
     if dropped is not None:
-        return Verdict.DROPPED, dropped
-    forward = git_apply(patch, root, PACKAGE_DIR, "--check")
+        return Verdict.DROPPED, dropped, ()
+    forward = git_apply(patch, root, trees, "--check")
     if forward.returncode == 0:
-        problems = hunk_problems(patch, forward.stderr)
+        problems = tuple(hunk_problems(patch, forward.stderr))
         if not problems:
-            return Verdict.EXACT, ""
-        return Verdict.OFFSET, "; ".join(
-            f"{p.file} hunk #{p.hunk} at line {p.line} ({p.kind})" for p in problems
+            return Verdict.EXACT, "", ()
+        return (
+            Verdict.OFFSET,
+            "; ".join(
+                f"{p.file} hunk #{p.hunk} at line {p.line} ({p.kind})" for p in problems
+            ),
+            problems,
         )
-    if git_apply(patch, root, PACKAGE_DIR, "--check", "--reverse").returncode == 0:
-        return Verdict.PRESENT, "reverse-applies"
-    return Verdict.CONFLICT, "; ".join(failures(patch, root)) or apply_error(
-        forward.stderr
+    if git_apply(patch, root, trees, "--check", "--reverse").returncode == 0:
+        return Verdict.PRESENT, "reverse-applies", ()
+    hunks, files = _failed(patch, root, trees)
+    reasons = [_mismatch(p) for p in hunks] + files
+    return (
+        Verdict.CONFLICT,
+        "; ".join(reasons) or apply_error(forward.stderr),
+        tuple(hunks),
     )
 
 
-def failures(patch: Patch, root: Path) -> list[str]:
-    """Why `patch` does not apply to the files in `root`: every hunk that does
-    not match, then every file git cannot patch at all (missing, already
-    there); empty when it applies.
+def failures(
+    patch: Patch, root: Path, trees: tuple[str, ...] = (PACKAGE_DIR,)
+) -> list[str]:
+    """Why `patch` does not apply to the files under `trees` in `root`: every
+    hunk that does not match, then every file git cannot patch at all
+    (missing, already there); empty when it applies."""
+    hunks, files = _failed(patch, root, trees)
+    return [_mismatch(p) for p in hunks] + files
+
+
+def _failed(
+    patch: Patch, root: Path, trees: tuple[str, ...]
+) -> tuple[list[HunkProblem], list[str]]:
+    """The hunks of `patch` that do not match, and the error of every file
+    git cannot patch at all.
 
     Plain `git apply` stops checking a file at its first failing hunk; with
     `--reject` it tries every hunk. With `--check` that writes nothing, but
     exits 0 whatever failed, so only the error lines tell."""
-    proc = git_apply(patch, root, PACKAGE_DIR, "--check", "--reject")
-    hunks = [
-        f"{p.file} hunk #{p.hunk} (at line {p.line}) does not match"
-        for p in hunk_problems(patch, proc.stderr)
-        if p.kind == "mismatch"
-    ]
+    proc = git_apply(patch, root, trees, "--check", "--reject")
+    hunks = [p for p in hunk_problems(patch, proc.stderr) if p.kind == "mismatch"]
     files = [
         line.removeprefix("error: ")
         for line in proc.stderr.splitlines()
         if line.startswith("error: ") and not _HUNK_ERROR.match(line)
     ]
-    return hunks + files
+    return hunks, files
+
+
+def _mismatch(problem: HunkProblem) -> str:
+    return (
+        f"{problem.file} hunk #{problem.hunk} (at line {problem.line}) does not match"
+    )
 
 
 def _dependency(
@@ -374,6 +432,7 @@ def _dependency(
     root: Path,
     earlier: list[tuple[Patch, Verdict]],
     own_files: Callable[[], Mapping[str, bytes]],
+    trees: tuple[str, ...],
 ) -> str | None:
     """The earlier patches left out on this release that a conflicting
     `patch` fails for want of (and why each is left out), or None.
@@ -390,10 +449,10 @@ def _dependency(
 
     def failing_without(skipped: set[str]) -> set[str]:
         applied = [p for p, _ in earlier if p.name not in skipped]
-        return _failures_on(own_files(), applied, patch)
+        return _failures_on(own_files(), applied, patch, trees)
 
     wanting = failing_without({p.name for p, _ in left_out})
-    if not wanting or not set(failures(patch, root)) <= wanting:
+    if not wanting or not set(failures(patch, root, trees)) <= wanting:
         return None
     needed = [(p, v) for p, v in left_out if failing_without({p.name})]
     if not needed:
@@ -405,7 +464,10 @@ def _dependency(
 
 
 def _failures_on(
-    files: Mapping[str, bytes], applied: list[Patch], patch: Patch
+    files: Mapping[str, bytes],
+    applied: list[Patch],
+    patch: Patch,
+    trees: tuple[str, ...],
 ) -> set[str]:
     """`failures` of `patch` on `files` once `applied` are applied in order
     (those that do not apply are skipped, as git applies a patch whole)."""
@@ -413,8 +475,8 @@ def _failures_on(
         root = Path(scratch) / "tree"
         _write(files, root)
         for earlier in applied:
-            git_apply(earlier, root, PACKAGE_DIR)
-        return set(failures(patch, root))
+            git_apply(earlier, root, trees)
+        return set(failures(patch, root, trees))
 
 
 def record_status(
@@ -499,7 +561,7 @@ def format_json(rows: list[PatchStatus], probe: bool = False) -> str:
     field only when asked for, so the shape without `--probe` stays as it was."""
     objects = [{**asdict(row), "verdict": row.verdict_text} for row in rows]
     for obj in objects:
-        del obj["depends_on"]
+        del obj["depends_on"], obj["hunks"]
         if not probe:
             del obj["probe"]
         if obj["commit"] is None:

@@ -80,18 +80,20 @@ class HunkProblem:
 
 
 def git_apply(
-    patch: Patch, root: Path, tree: str, *options: str
+    patch: Patch, root: Path, tree: str | tuple[str, ...], *options: str
 ) -> subprocess.CompletedProcess[str]:
-    """Run `git apply --verbose` on the files under `tree` in `root`, which is
-    not a repository; `options` adds e.g. `--check` or `--reverse`.
+    """Run `git apply --verbose` on the files under `tree` (or under each of
+    several) in `root`, which is not a repository; `options` adds e.g.
+    `--check` or `--reverse`.
 
     Without the user's git config (`git_run`'s default): a setting such as
     `apply.ignoreWhitespace` would let it take context that differs in white
     space, which is fuzz."""
+    trees = (tree,) if isinstance(tree, str) else tree
     return git_run(
         root,
         *("apply", "--verbose", "--whitespace=nowarn", *options),
-        f"--include={tree}*",
+        *(f"--include={name}*" for name in trees),
         str(patch.path),
         # Never let git discover a repository above the scratch directory.
         env={"GIT_CEILING_DIRECTORIES": str(root.parent)},
