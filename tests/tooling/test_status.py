@@ -94,11 +94,42 @@ def test_drift_by_one_line_is_not_exact(project, upstream, capsys):
     assert row["detail"] == f"{SCHEDULER} hunk #1 at line 18 (offset)"
 
 
-def test_changed_context_conflicts_naming_file_and_hunk(project, upstream, capsys):
-    upstream.releases["9.9.2"] = scheduler_edit(18, "line eighteen, rewritten upstream")
+def test_a_changed_line_of_the_patch_conflicts_naming_file_and_hunk(
+    project, upstream, capsys
+):
+    upstream.releases["9.9.2"] = scheduler_edit(20, "line twenty, rewritten upstream")
     (row,) = verdicts(capsys, "9.9.2")
     assert row["verdict"] == "conflicts"
     assert row["detail"] == f"{SCHEDULER} hunk #1 (at line 17) does not match"
+
+
+def test_a_patch_rebase_merges_is_not_a_conflict(project, upstream, capsys):
+    """Upstream changed a context line two lines from the patch's change: the
+    patch no longer applies as it stands, but `rebase`'s 3-way merge takes it
+    (git keeps changes apart when an unchanged line separates them), so it is
+    no conflict; the next patch is judged on the merged file, as the rebase
+    replays it."""
+    follow_up(project, {21: "line 21, follow-up"})
+    upstream.releases["9.9.2"] = scheduler_edit(18, "line eighteen, rewritten")
+    demo, second = verdicts(capsys, "9.9.2")
+    assert (demo["verdict"], demo["detail"]) == (
+        "merges (3-way)",
+        f"{SCHEDULER}: merged with 9.9.0 as the base, as rebase merges it; "
+        "rebase keeps it, refreshed",
+    )
+    assert second["verdict"] == "merges (3-way)"
+
+
+def test_a_patch_that_merges_to_no_change_is_already_present(project, upstream, capsys):
+    """Upstream has the change and changed its context too: it no longer
+    reverse-applies, but the 3-way merge changes nothing, so `rebase` drops
+    it."""
+    upstream.releases["9.9.2"] = edited(PATCHED, {18: "line eighteen, rewritten"})
+    (row,) = verdicts(capsys, "9.9.2")
+    assert (row["verdict"], row["detail"]) == (
+        "already present",
+        "merges to no change (3-way): rebase drops it",
+    )
 
 
 def edited(text: str, edits: dict[int, str]) -> str:
@@ -152,7 +183,7 @@ def test_a_conflict_only_an_earlier_conflict_causes_is_marked(
 ):
     follow_up(project, edits)
     upstream.releases["9.9.2"] = edited(
-        SCHEDULER_SOURCE, {18: "eighteen", 35: "thirty-five"}
+        SCHEDULER_SOURCE, {20: "twenty", 35: "thirty-five"}
     )
     demo, second = verdicts(capsys, "9.9.2")
     assert demo["verdict"] == "conflicts"
@@ -175,7 +206,7 @@ def test_a_file_an_earlier_conflict_would_create_is_a_dependency(
         "helper-follow-up.patch",
         format_patch(project.workdir, {created: "helper\n"}, {created: "helper 2\n"}),
     )
-    upstream.releases["9.9.2"] = edited(SCHEDULER_SOURCE, {18: "eighteen"})
+    upstream.releases["9.9.2"] = edited(SCHEDULER_SOURCE, {20: "twenty"})
     demo, second = verdicts(capsys, "9.9.2")
     assert demo["verdict"] == "conflicts"
     assert (second["verdict"], second["detail"]) == (
@@ -202,7 +233,7 @@ def test_a_backport_rebase_would_drop_says_so(
         )
     )
     follow_up(project, {21: "line 21, follow-up"})
-    upstream.releases["9.9.2"] = edited(SCHEDULER_SOURCE, {18: "eighteen"})
+    upstream.releases["9.9.2"] = edited(SCHEDULER_SOURCE, {20: "twenty"})
     demo, second = verdicts(capsys, "9.9.2")
     if dropped is None:
         assert demo["verdict"] == "conflicts"
@@ -324,6 +355,35 @@ def test_without_environment_the_probe_is_not_run(project, capsys):
     (row,) = json.loads(out)
     assert row["probe"] == "no environment (run tools/test.sh 9.9.0)"
     assert "running" not in err
+
+
+def test_a_release_without_its_own_series_is_told_the_documented_flow(
+    project, upstream, capsys
+):
+    """`tools/test.sh` builds a pinned release with a series only: an
+    unpinned release is told to pin and rebase first, a pinned one without a
+    series to rebase first, and how its patches were judged."""
+    upstream.releases["9.9.3"] = SCHEDULER_SOURCE
+    project.pin_release(NEXT, SCHEDULER_SOURCE)
+    code, out, err = run_cli(capsys, "status", "--probe", "--json", "9.9.3", NEXT)
+    assert code == 0, err
+    unpinned, pending = json.loads(out)
+    assert unpinned["probe"] == (
+        "no environment (run vllm-overlay pin 9.9.3, vllm-overlay rebase 9.9.0 "
+        "9.9.3, then tools/test.sh 9.9.3)"
+    )
+    assert pending["probe"] == (
+        f"no environment (run vllm-overlay rebase 9.9.0 {NEXT}, then tools/test.sh "
+        f"{NEXT})"
+    )
+    assert (
+        "vllm-overlay: vLLM 9.9.3 is not pinned and has no series: checking it "
+        "against the 9.9.0 series, each patch in series order on top of the "
+        "earlier ones, as `vllm-overlay rebase 9.9.0 9.9.3` would replay them; to "
+        "make its series, `vllm-overlay pin 9.9.3`, then that rebase "
+        "(docs/maintainer/releases.md)\n"
+    ) in err
+    assert "tools/test.sh 9.9.3" not in err
 
 
 PROBES = ("tests/probes/test_a.py::test_a", "tests/probes/test_b.py::test_b")
