@@ -172,6 +172,21 @@ def environment_facts(root: Path | None = None) -> EnvironmentFacts:
     )
 
 
+def pinned_as_tested_line(release: str, root: Path | None = None) -> tuple[Path, int]:
+    """The facts file and the line where `release` decides which packages it
+    takes at their tested version: its `[test_env.pinned_as_tested]` entry,
+    or, without one, the table's header, under which the entry goes (line 0
+    when the file has neither)."""
+    root = root or patches_root()
+    where = root / FACTS_FILE
+    lines = where.read_text(encoding="utf-8").splitlines()
+    for prefix in (f'"{release}"', "[test_env.pinned_as_tested]"):
+        for number, line in enumerate(lines, start=1):
+            if line.replace(" ", "").startswith(prefix):
+                return where, number
+    return where, 0
+
+
 def _requirements_file(where: Path, key: str, path: object) -> str:
     if not isinstance(path, str) or not path.endswith(".txt"):
         raise OverlayError(
