@@ -120,6 +120,18 @@ def test_a_patch_rebase_merges_is_not_a_conflict(project, upstream, capsys):
     assert second["verdict"] == "merges (3-way)"
 
 
+def test_a_conflict_after_a_merged_patch_is_upstream_s_not_the_merged_one_s(
+    project, upstream, capsys
+):
+    """The follow-up changes the line next to one upstream changed: a real
+    conflict. The patch before it merged, so it is not to blame."""
+    follow_up(project, {19: "line 19, follow-up"})
+    upstream.releases["9.9.2"] = scheduler_edit(18, "line eighteen, rewritten")
+    demo, second = verdicts(capsys, "9.9.2")
+    assert demo["verdict"] == "merges (3-way)"
+    assert second["verdict"] == "conflicts"
+
+
 def test_a_patch_that_merges_to_no_change_is_already_present(project, upstream, capsys):
     """Upstream has the change and changed its context too: it no longer
     reverse-applies, but the 3-way merge changes nothing, so `rebase` drops

@@ -501,7 +501,7 @@ def _dependency(
     failures left need them; when every failure on this release is among
     those, an earlier patch caused the conflict, not upstream. The answer
     names each left-out patch without which alone `patch` fails there."""
-    applied = (Verdict.EXACT, Verdict.OFFSET, Verdict.PRESENT)
+    applied = (Verdict.EXACT, Verdict.OFFSET, Verdict.MERGES, Verdict.PRESENT)
     left_out = [(p, v) for p, v in earlier if v not in applied]
     if not left_out:
         return None
