@@ -328,7 +328,8 @@ def _pin(commands: Commands) -> argparse.ArgumentParser:
     pin = _command(
         commands,
         "pin",
-        "pin a release's sdist and wheels, with sha256, in releases.toml "
+        "pin a release's sdist and wheels, with sha256, in releases.toml, and "
+        "the packages its test environment takes as tested in release-facts.toml "
         "(--bump: record a changed series under a new revision)",
     )
     pin.add_argument("release", help="the vLLM release")
