@@ -231,8 +231,8 @@ def status_at(
 
 def _own_files(series: Series, cache: Path) -> Callable[[], dict[str, bytes]]:
     """The files `series` touches as its own release ships them, read (and
-    the pinned wheel fetched) on first use only: just a conflict after an
-    earlier one needs them (see `_dependency`)."""
+    the pinned wheel fetched) on first use only: just a patch that does not
+    apply as it stands needs them (see `_merge` and `_dependency`)."""
 
     @functools.cache
     def read() -> dict[str, bytes]:
@@ -312,10 +312,11 @@ def check_release(
 ) -> list[PatchStatus]:
     """Each patch's verdict against the release's `files` (those the series
     touches, as vLLM `version` has them), as the rebased series would meet
-    them: the patches that apply (exactly or with offset) are applied, so
-    later patches see their changes; one that `rebase` drops, or that
-    conflicts, is left out. `own_files` reads the files the series touches
-    as its own release ships them, for `_dependency`."""
+    them: the patches that apply (exactly or with offset) are applied, and
+    those that merge (`_merge`) merged, so later patches see their changes;
+    one that `rebase` drops, or that conflicts, is left out. `own_files`
+    reads the files the series touches as its own release ships them, for
+    `_merge` and `_dependency`."""
     rows = []
     earlier: list[tuple[Patch, Verdict]] = []
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-status-") as scratch:
