@@ -31,12 +31,17 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.locking import exclusive
-from vllm_overlay.series.facts import EnvironmentFacts, environment_facts
+from vllm_overlay.series.facts import (
+    EnvironmentFacts,
+    environment_facts,
+    pinned_as_tested_line,
+)
 from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.fetch import (
     UNREADABLE,
@@ -129,6 +134,7 @@ def ensure_release_env(
         stamp = read_stamp(venv)
         if stamp.get("layer") == layer_key and stamp.get("wheel") == info.sha256:
             _progress(release, f"reusing {venv}")
+            _say_drift(release, venv, sdist_tree, facts)
             return venv
         started = time.monotonic()
         if stamp.get("layer") != layer_key:
@@ -139,7 +145,77 @@ def ensure_release_env(
         install_wheel(release, venv, info)
         write_stamp(venv, {"layer": layer_key, "wheel": info.sha256})
         _progress(release, f"environment ready in {time.monotonic() - started:.0f}s")
+        _say_drift(release, venv, sdist_tree, facts)
     return venv
+
+
+def _say_drift(
+    release: str, venv: Path, sdist_tree: Path, facts: EnvironmentFacts
+) -> None:
+    """Print `dependency_drift`'s lines, on every use of the environment
+    until the maintainer decides: it is built once and reused for weeks."""
+    for drift in dependency_drift(release, venv, sdist_tree, facts):
+        _progress(release, drift)
+
+
+def dependency_drift(
+    release: str, venv: Path, sdist_tree: Path, facts: EnvironmentFacts
+) -> list[str]:
+    """A line for each package some pinned release takes at its tested version
+    (`test_env.pinned_as_tested`: those known to move past a release) that
+    `release` leaves to pip, and that pip resolved to another version than the
+    one `release`'s own test requirements pin: the version the release was
+    tested with. Each names both versions, the line that pins the tested one,
+    and the facts line where taking it is decided (`vllm-overlay pin` records
+    it for a new release; a maintainer may have removed it). Every other
+    package is left alone: pip's newest of most of them differs from the
+    tested pin and works."""
+    watched = set().union(*facts.pinned_as_tested.values())
+    taken = facts.pinned_as_tested.get(release, frozenset())
+    left = sorted(watched - taken)
+    if not left:
+        return []
+    installed = installed_dists(release, venv)
+    source = pinned_test_requirements(sdist_tree, facts)
+    facts_file, facts_line = pinned_as_tested_line(release)
+    takers = sorted(
+        (r for r, names in facts.pinned_as_tested.items() if names & set(left)),
+        key=Version,
+    )
+    drifts = []
+    for name in left:
+        tested = _tested_pin(source, name)
+        resolved = installed.get(name)
+        if tested is None or resolved is None or Version(resolved) == tested[0]:
+            continue
+        version, line = tested
+        drifts.append(
+            f"drift: pip resolved {name} {resolved}, but vLLM {release} was tested "
+            f"with {version} ({source.relative_to(sdist_tree)}:{line} of its "
+            f'sdist); to take that version, add "{name}" to "{release}" under '
+            f"[test_env.pinned_as_tested] in {facts_file}:{facts_line}, as vLLM "
+            f"{', '.join(takers)} does"
+        )
+    return drifts
+
+
+def _tested_pin(path: Path, name: str) -> tuple[Version, int] | None:
+    """The version the pinned requirements file `path` pins `name` to, and
+    the line that pins it; None when it pins no single version of it."""
+    for number, raw in enumerate(_read_text(path).splitlines(), start=1):
+        line = re.sub(r"(^|\s)(#|--hash=|\\$).*$", "", raw).strip()
+        if not line or line.startswith("-"):
+            continue
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        specs = list(req.specifier)
+        if canonicalize_name(req.name) == name and [s.operator for s in specs] == [
+            "=="
+        ]:
+            return Version(specs[0].version), number
+    return None
 
 
 def read_wheel(wheel: Path) -> WheelInfo:
@@ -189,10 +265,14 @@ def dependency_requirements(
     ]
     as_tested = facts.pinned_as_tested.get(release, frozenset())
     if as_tested:
-        tested = {
-            _name(line): line
-            for line in _requirement_lines(pinned_test_requirements(sdist_tree, facts))
-        }
+        source = pinned_test_requirements(sdist_tree, facts)
+        tested = {_name(line): line for line in _requirement_lines(source)}
+        untested = sorted(as_tested - tested.keys())
+        if untested:
+            raise OverlayError(
+                f"vLLM {release} takes {', '.join(untested)} at its tested version "
+                f"([test_env.pinned_as_tested]), but {source} pins none"
+            )
         wanted = [
             tested[_name(line)] if _name(line) in as_tested else line for line in wanted
         ]

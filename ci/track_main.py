@@ -2,9 +2,11 @@
 (`.github/workflows/track-main.yml`): `vllm-overlay status --source` on a
 clone at a commit, upstream's test hunks included.
 
-The job is red (exit 1) on every run at which any patch conflicts or applies
-only with offset (or fuzz): the build and the harness refuse both, so the
-series as committed would not build on that commit. It stays red for as
+The job is red (exit 1) on every run at which any patch conflicts, merges
+only 3-way (`merges (3-way)`: `rebase` takes it, but the patch as committed
+does not apply) or applies only with offset (or fuzz): the build and the
+harness refuse all three, so the series as committed would not build on that
+commit. It stays red for as
 long as that lasts, a first run included, not only on the night a verdict
 changes. It is green when every patch applies exactly; a patch upstream
 already has (`already present`) or that a rebase drops (`dropped by
@@ -41,7 +43,8 @@ from vllm_overlay.track.status import PatchStatus, Verdict, status_at
 LAST, GOOD = "last.json", "good.json"
 PROG = "python -m ci.track_main"
 # The verdicts of a green run: the series builds as it is, or the next
-# rebase drops the patch unasked.
+# rebase drops the patch unasked. Not `Verdict.MERGES`: the next rebase
+# keeps that patch, but only refreshed, so the committed one does not build.
 GREEN = (Verdict.EXACT, Verdict.PRESENT, Verdict.DROPPED)
 REF_HINT = (
     "name the commit with the clone, CLONE@REF, as `vllm-overlay status "

@@ -39,9 +39,9 @@ OPTION_HINTS = {
 # What `status` exits with, in its --help and docs/maintainer/releases.md.
 STATUS_EXIT = (
     "exit status: 0 when no patch conflicts (a patch that applies only with "
-    "offset, is already present or is dropped by rebase needs no hand merge: "
-    "`rebase` settles it); 1 when any patch conflicts, on an error, or when "
-    "--record kept a release's earlier verdicts"
+    "offset, merges (3-way), is already present or is dropped by rebase needs "
+    "no hand merge: `rebase` settles it); 1 when any patch conflicts, on an "
+    "error, or when --record kept a release's earlier verdicts"
 )
 
 Commands = argparse._SubParsersAction
@@ -348,7 +348,8 @@ def _pin(commands: Commands) -> argparse.ArgumentParser:
     pin = _command(
         commands,
         "pin",
-        "pin a release's sdist and wheels, with sha256, in releases.toml "
+        "pin a release's sdist and wheels, with sha256, in releases.toml, and "
+        "the packages its test environment takes as tested in release-facts.toml "
         "(--bump: record a changed series under a new revision)",
     )
     pin.add_argument("release", help="the vLLM release")

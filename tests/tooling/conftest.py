@@ -103,16 +103,16 @@ def run_git(cwd: Path, *args: str) -> str:
 def make_vllm_clone(repo: Path) -> Path:
     """A vLLM-like git history built from the fixture's own release: 9.9.0's
     scheduler tagged `v9.9.0`, then upstream edits on `main`, one commit
-    each and each tagged with its name: code moved down (`moved`), the
-    patch's context changed (`conflict`), the patch's change itself
-    (`absorbed`)."""
+    each and each tagged with its name: code moved down (`moved`), the line
+    the patch changes changed too (`conflict`: no 3-way merge takes it), the
+    patch's change itself (`absorbed`)."""
     (repo / SCHEDULER).parent.mkdir(parents=True)
     run_git(repo, "init", "-q")
     run_git(repo, "symbolic-ref", "HEAD", "refs/heads/main")
     steps = [
         ("release", SCHEDULER_SOURCE, f"v{RELEASE}"),
         ("moved", "moved in\n" * 3 + SCHEDULER_SOURCE, ""),
-        ("conflict", "moved in\n" * 3 + scheduler_edit(18, "rewritten"), ""),
+        ("conflict", "moved in\n" * 3 + scheduler_edit(20, "rewritten"), ""),
         ("absorbed", scheduler_edit(20, "line twenty, patched"), ""),
     ]
     for message, text, tag in steps:

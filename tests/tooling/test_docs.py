@@ -116,6 +116,30 @@ def test_readme_names_every_pinned_release_current_build():
     assert missing == []
 
 
+RELEASE = re.compile(r"(?<![\w.+])(\d+\.\d+\.\d+)(?![\w+]|\.\d)")
+
+
+def test_readme_names_only_pinned_releases():
+    """README is for users: a release it names is one they can install a
+    patched build of, never an unpinned one said to take another's series."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    pins = pinned_releases(REPO_ROOT / "patches")
+    assert sorted(set(RELEASE.findall(readme)) - set(pins)) == []
+
+
+def test_readme_tells_a_user_of_another_release_what_it_gets():
+    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
+    assert "Any other vLLM release has no series here" in readme
+    assert "(docs/maintainer/releases.md#the-life-of-a-release)" in readme
+
+
+def test_the_life_of_a_release_ends_with_readme_and_changelog():
+    """The release checklist names the two files no command writes."""
+    text = (DOCS / "maintainer" / "releases.md").read_text()
+    section = text.split("## The life of a release\n", 1)[1].split("\n## ", 1)[0]
+    assert "**README.md**" in section and "**CHANGELOG.md**" in section
+
+
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_commands_named_are_the_cli_commands(page):
     assert command_problems(page, subcommands()) == []

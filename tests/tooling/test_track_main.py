@@ -5,7 +5,7 @@ it keeps between runs, its summary, and its exit status."""
 import json
 
 import pytest
-from conftest import SCHEDULER, make_vllm_clone, run_git
+from conftest import SCHEDULER, make_vllm_clone, run_git, scheduler_edit
 
 from ci import track_main
 
@@ -101,6 +101,30 @@ def test_the_artifact_and_summary_name_the_failing_hunk(
     ) in text
     assert kept(tmp_path, "good.json")["commit"] == good
     assert (f"`git log --oneline {good[:12]}..{bad[:12]} -- {SCHEDULER}`") in text
+
+
+def test_a_patch_that_only_merges_3_way_is_red(project, clone, tmp_path, capsys):
+    """Upstream changed a line of the patch's context, not the line it
+    changes: `rebase` merges the patch, but the build and the harness apply
+    the committed one exactly, which fails, so the night is red and names the
+    hunk until a rebase refreshes the patch."""
+    assert run(clone, tmp_path, "release")[0] == 0
+    good = commit_of(clone, "release")
+    (clone / SCHEDULER).write_text(scheduler_edit(18, "rewritten"))
+    run_git(clone, "commit", "-qam", "the patch's context changed")
+    run_git(clone, "tag", "merges")
+    code, text = run(clone, tmp_path, "merges")
+    assert code == 1
+    assert "**Red: 1 patch(es) do not apply exactly**" in text
+    assert f"- {PATCH}: applies exactly -> merges (3-way)" in text
+    failing = kept(tmp_path, "last.json")["failing"][PATCH]
+    assert failing["verdict"] == "merges (3-way)"
+    assert failing["hunks"] == [
+        {"file": SCHEDULER, "hunk": "1", "line": 17, "kind": "mismatch"}
+    ]
+    assert kept(tmp_path, "good.json")["commit"] == good
+    bad = commit_of(clone, "merges")
+    assert f"`git log --oneline {good[:12]}..{bad[:12]} -- {SCHEDULER}`" in text
 
 
 def test_a_good_commit_kept_with_an_offset_is_not_shown_as_good(

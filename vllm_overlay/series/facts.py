@@ -174,6 +174,32 @@ def environment_facts(root: Path | None = None) -> EnvironmentFacts:
     )
 
 
+def pinned_as_tested_line(release: str, root: Path | None = None) -> tuple[Path, int]:
+    """The facts file and the line where `release` decides which packages it
+    takes at their tested version: its entry in the `[test_env.pinned_as_tested]`
+    table, or, without one, the table's header, under which the entry goes
+    (the `pinned_as_tested` key where the table is written inline; line 0
+    when the file has neither)."""
+    root = root or patches_root()
+    where = root / FACTS_FILE
+    lines = [
+        line.replace(" ", "") for line in where.read_text(encoding="utf-8").splitlines()
+    ]
+    header = "[test_env.pinned_as_tested]"
+    if header not in lines:
+        inline = [
+            n for n, line in enumerate(lines, 1) if line.startswith("pinned_as_tested=")
+        ]
+        return where, inline[0] if inline else 0
+    start = lines.index(header)
+    for number in range(start + 1, len(lines)):
+        if lines[number].startswith("["):
+            break
+        if lines[number].startswith(f'"{release}"='):
+            return where, number + 1
+    return where, start + 1
+
+
 def _requirements_file(where: Path, key: str, path: object) -> str:
     if not isinstance(path, str) or not path.endswith(".txt"):
         raise OverlayError(

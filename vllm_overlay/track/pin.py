@@ -13,15 +13,27 @@ The pins file is rewritten one release table at a time, each rendered by
 `tomli_w`: every other release keeps its text byte for byte (comments
 included), and the result is parsed back and checked before it replaces the
 file in one rename.
+
+A new release's test environment would take pip's newest of every package its
+requirements leave open, and a newer transformers than a release knew has
+broken one before (`PixtralRotaryEmbedding`: 39 upstream failures on 0.30.0,
+a rebuild to fix). So `pin` also decides, in the release facts, which
+packages its environment takes at the version the release's own test
+requirements pin (`[test_env.pinned_as_tested]`): every package a pinned
+release takes so, the ones known to move past a release, recorded for the new
+release beside the others and announced, for the maintainer to keep or remove
+before committing. `ci/release_env.py` says when an environment still
+resolved one of them to another version than the release was tested with.
 """
 
+import json
 import os
 import re
 import sys
 import tempfile
 import tomllib
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +45,7 @@ from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.locking import exclusive
-from vllm_overlay.series.facts import FACTS_FILE, upstream_tests
+from vllm_overlay.series.facts import FACTS_FILE, environment_facts, upstream_tests
 from vllm_overlay.series.loader import load_series
 from vllm_overlay.series.pins import (
     Dist,
@@ -53,6 +65,8 @@ _NEWEST_GLIBC_MINOR = 40
 _LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
 _REPORTED_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 _RELEASE_HEADER = re.compile(r'^\[ *releases *\. *"([^"\\]+)" *\]', re.M)
+_AS_TESTED_HEADER = re.compile(r"^\[ *test_env *\. *pinned_as_tested *\] *(#.*)?$")
+_KEY_LINE = re.compile(r'^"([^"\\]+)" *=')
 
 
 def platform_tags(arch: str) -> list[str]:
@@ -94,6 +108,7 @@ def pin_release(
             f"vLLM {pinned} is already pinned in {path}; after changing its "
             f"series, `vllm-overlay pin --bump {pinned}` records it"
         )
+    as_tested = as_tested_record(root, version)
     cache = cache or cache_root()
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache, prefix=".pin-") as tmp:
@@ -108,6 +123,9 @@ def pin_release(
             ],
         }
         pin = write_release(path, version, table)
+        if as_tested is not None:
+            atomic.write_text(root / FACTS_FILE, as_tested.text)
+            print(as_tested.announcement, file=sys.stderr)
         with exclusive(cache / "wheels"):
             for _, wheel, _ in wheels:
                 os.replace(wheel, cache / "wheels" / wheel.name)
@@ -145,6 +163,102 @@ def facts_after_pin(version: str, root: Path | None = None) -> list[str]:
         f"(`vllm-overlay rebase FROM {version}` and `tools/test.sh {version}` "
         "fetch them)",
     ]
+
+
+@dataclass(frozen=True)
+class AsTestedRecord:
+    """The packages a new release's test environment takes at its tested
+    version, and the facts file's text with them recorded."""
+
+    release: str
+    names: tuple[str, ...]
+    taken_by: tuple[str, ...]
+    text: str
+    # The facts file as the checkout names it, and the entry's line there.
+    path: str
+    line: int
+
+    @property
+    def announcement(self) -> str:
+        """What `pin` says it decided, and where to change the decision."""
+        names = ", ".join(self.names)
+        return (
+            f"vllm-overlay: vLLM {self.release}'s test environment takes {names} at "
+            f"the version its own test requirements pin, as vLLM "
+            f"{', '.join(self.taken_by)} does, not pip's newest: recorded in "
+            f"{self.path}:{self.line} ([test_env.pinned_as_tested]); "
+            "edit or remove that line before committing to decide otherwise"
+        )
+
+
+def as_tested_record(root: Path, version: str) -> AsTestedRecord | None:
+    """What `pin` records for `version` in `[test_env.pinned_as_tested]`
+    (see the module docstring), or None when no pinned release takes a
+    package at its tested version. Read and rendered before anything is
+    downloaded: a facts file `pin` cannot extend is refused, naming the line
+    to add, before the pins file is touched.
+
+    The entry goes into the table's text in release order (before the comment
+    that opens the first later release's entry, else after the table's last
+    line), so every other line keeps its bytes; the new text must parse to
+    the old data plus that entry."""
+    path = root / FACTS_FILE
+    if not path.is_file():
+        return None
+    taken = environment_facts(root).pinned_as_tested
+    names = tuple(sorted(set().union(*taken.values())))
+    if not names:
+        return None
+    entry = f'"{version}" = [{", ".join(json.dumps(name) for name in names)}]'
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    at = _as_tested_position(lines, version)
+    refusal = (
+        f"cannot record {entry} in [test_env.pinned_as_tested] of {path}, "
+        "which must be a table of one-line entries; make it one, then pin again"
+    )
+    if at is None:
+        raise OverlayError(refusal)
+    comment = f"# Recorded by `vllm-overlay pin {version}`.\n"
+    if lines and not lines[-1].endswith("\n") and at == len(lines):
+        lines[-1] += "\n"
+    new_text = "".join([*lines[:at], comment, entry + "\n", *lines[at:]])
+    expected = tomllib.loads(text)
+    expected["test_env"]["pinned_as_tested"][version] = list(names)
+    if not _parses_to(new_text, expected):
+        raise OverlayError(refusal)
+    return AsTestedRecord(
+        version,
+        names,
+        tuple(sorted((r for r, n in taken.items() if n), key=Version)),
+        new_text,
+        f"{root.name}/{FACTS_FILE.as_posix()}",
+        at + 2,
+    )
+
+
+def _as_tested_position(lines: list[str], version: str) -> int | None:
+    """The line index at which `version`'s entry goes in the
+    `[test_env.pinned_as_tested]` table of the facts file's `lines`, or None
+    when the file has no such table header."""
+    start = next(
+        (n for n, line in enumerate(lines) if _AS_TESTED_HEADER.match(line)), None
+    )
+    if start is None:
+        return None
+    end = next(
+        (n for n in range(start + 1, len(lines)) if lines[n].startswith("[")),
+        len(lines),
+    )
+    for n in range(start + 1, end):
+        key = _KEY_LINE.match(lines[n])
+        if key and Version(key.group(1)) > Version(version):
+            while n > start + 1 and lines[n - 1].lstrip().startswith("#"):
+                n -= 1
+            return n
+    while end > start + 1 and not lines[end - 1].strip():
+        end -= 1
+    return end
 
 
 def bump_release(version: str, root: Path | None = None) -> tuple[int, ReleasePin]:

@@ -38,8 +38,12 @@ _INSTALLED_RELEASE = (
 )
 
 
-def no_environment(release: str) -> str:
-    return f"no environment (run tools/test.sh {release})"
+def no_environment(release: str, first: str = "") -> str:
+    """The probe verdict of a release without a test environment here, with
+    what makes one: `tools/test.sh RELEASE`, after `first`, the commands a
+    release without a series of its own needs before it (`tools/test.sh`
+    builds pinned releases with a series only)."""
+    return f"no environment (run {first}tools/test.sh {release})"
 
 
 def env_python(release: str, cache: Path) -> Path | None:
@@ -171,13 +175,15 @@ def _short(probe: str) -> str:
 
 
 def probe_verdicts(
-    series: Series, release: str, repo: Path, cache: Path
+    series: Series, release: str, repo: Path, cache: Path, first: str = ""
 ) -> dict[str, str]:
     """Patch name -> probe verdict for every patch of `series` on `release`,
-    running all the series' probes in one pytest process."""
+    running all the series' probes in one pytest process; without an
+    environment, `no_environment(release, first)`."""
     python = env_python(release, cache)
     if python is None:
-        return {patch.name: no_environment(release) for patch in series.patches}
+        missing = no_environment(release, first)
+        return {patch.name: missing for patch in series.patches}
     probes = series.probe_ids
     print(
         f"vllm-overlay: running {len(probes)} probes for vLLM {release} "

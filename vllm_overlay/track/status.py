@@ -8,11 +8,16 @@ applied where they applied, and gives each patch one verdict:
 - "applies only with offset": every hunk applies, but some only some lines
   away; the build refuses that (see `upstream/applier.py`), so the patch
   needs a refresh;
-- "already present": the patch reverse-applies, so upstream has the change;
+- "merges (3-way)": it does not apply as it stands, but git's 3-way merge
+  with the series' own release as the merge base (what `rebase` does) takes
+  it without a conflict; `rebase` keeps it, refreshed (see `_merge`);
+- "already present": the patch reverse-applies, or merges to no change, so
+  upstream has the change;
 - "dropped by rebase": a `Backport <release>` patch that `rebase` onto this
   release drops unseen (`Patch.backport_drop`), so it is not applied either;
-- "conflicts": a hunk's context no longer matches; the detail names every
-  failing hunk of every file. "conflicts (depends on P, which conflicts)"
+- "conflicts": a hunk's context no longer matches, and the 3-way merge
+  conflicts too, so `rebase` stops at it; the detail names every failing hunk
+  of every file. "conflicts (depends on P, which conflicts)"
   when every failure comes from an earlier patch P left out here, not from
   upstream (see `_dependency`).
 
@@ -22,13 +27,17 @@ series that exists; `--record` keeps none of its verdicts. A commit of a vLLM
 git clone (`--source`, `status_at`) is read from the clone (`git_source.py`)
 and checked against the series of the newest release it contains.
 
-Why "applies only with offset" and not "applies only 3-way": `git apply
---3way` merges from the preimage blobs named by the patch's `index` lines,
-i.e. the files of the commit the patch was written against. A repository built
-from a release wheel holds only that release's files, so the blobs are missing
-whenever the files differ, which is exactly when a 3-way merge would matter;
-git then falls back to a plain apply. The honest middle verdict available
-without the patch's base commit is "applies, but not where the patch says".
+The patches are judged in series order, each on the release's files with
+the earlier patches applied (or merged) where they apply, as `rebase`
+replays them. A patch that does not apply as it stands is merged as `rebase`
+merges it: `git merge-file` (diff3, as `rebase`'s cherry-pick) of each file it
+touches, with the series' own release plus the earlier patches as the base,
+that plus the patch as theirs, and this release's files as ours. `git apply
+--3way` cannot stand in for it: it merges from the preimage blobs named by the
+patch's `index` lines, which a tree made from a release wheel lacks. Without
+that merge, a patch whose context changed a few lines away from its own
+change was called a conflict although `rebase` merges it (0.32.0's
+`multi-connector-weighted-load-selection` on 0.31.0).
 
 For a release only hunks under `vllm/` are checked: those files come from
 the wheel, and the hunks that update upstream's tests need the sdist, which
@@ -58,6 +67,7 @@ from packaging.version import Version
 
 from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.git import git_run
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.loader import (
@@ -100,6 +110,7 @@ class Verdict(StrEnum):
 
     EXACT = "applies exactly"
     OFFSET = "applies only with offset"
+    MERGES = "merges (3-way)"
     PRESENT = "already present"
     CONFLICT = "conflicts"
     DROPPED = "dropped by rebase"
@@ -126,8 +137,9 @@ class PatchStatus:
     commit_date: str | None = None
     # A conflict that an earlier, left-out patch causes (`_dependency`).
     depends_on: str | None = None
-    # The hunks that did not match (a conflict) or applied only elsewhere
-    # (an offset), each with its file: what the nightly names.
+    # The hunks that did not match (a conflict, or a patch that merges 3-way)
+    # or applied only elsewhere (an offset), each with its file: what the
+    # nightly names.
     hunks: tuple[HunkProblem, ...] = ()
 
     @property
@@ -159,18 +171,7 @@ def status(
         if nearest is None:
             raise OverlayError("no pinned release has a series yet: nothing to check")
         series = load_series(root, nearest)
-        checking = (
-            f"checking vLLM {version} against the {nearest.version} series"
-            if nearest.version == version
-            else f"vLLM {version} has no series; checking it against the "
-            f"{nearest.version} series, the nearest by release order"
-        )
-        if pin is not None and nearest.version != version:
-            checking = (
-                f"vLLM {version} is pinned but has no series yet (run `vllm-overlay "
-                f"rebase {nearest.version} {version}`); checking it against the "
-                f"{nearest.version} series"
-            )
+        checking, first = _checking(version, pin is not None, nearest.version)
         print(f"vllm-overlay: {checking}", file=sys.stderr)
         wheel = _release_wheel(pin, version, cache)
         checked = check_release(
@@ -181,10 +182,34 @@ def status(
             _own_files(series, cache, with_tests=False),
         )
         if probe:
-            verdicts = probe_verdicts(series, version, root.parent, cache)
+            verdicts = probe_verdicts(series, version, root.parent, cache, first)
             checked = [replace(row, probe=verdicts[row.patch]) for row in checked]
         rows.extend(checked)
     return rows
+
+
+def _checking(version: str, pinned: bool, nearest: str) -> tuple[str, str]:
+    """What `status` says it checks `version` against, and the commands a
+    release without a series of its own needs before `tools/test.sh` can
+    build it (see `no_environment`): the documented flow, pin then rebase."""
+    if nearest == version:
+        return f"checking vLLM {version} against the {nearest} series", ""
+    rebase = f"vllm-overlay rebase {nearest} {version}"
+    how = (
+        f"checking it against the {nearest} series, each patch in series order "
+        f"on top of the earlier ones, as `{rebase}` would replay them"
+    )
+    if pinned:
+        return (
+            f"vLLM {version} is pinned but has no series yet (run `{rebase}`); {how}",
+            f"{rebase}, then ",
+        )
+    return (
+        f"vLLM {version} is not pinned and has no series: {how}; to make its "
+        f"series, `vllm-overlay pin {version}`, then that rebase "
+        "(docs/maintainer/releases.md)",
+        f"vllm-overlay pin {version}, {rebase}, then ",
+    )
 
 
 def status_at(
@@ -236,8 +261,8 @@ def _own_files(
 ) -> Callable[[], dict[str, bytes]]:
     """The files `series` touches as its own release ships them (upstream's
     tests too, from the pinned sdist, `with_tests`), read (and the pinned
-    artifacts fetched) on first use only: just a conflict after an earlier
-    one needs them (see `_dependency`)."""
+    artifacts fetched) on first use only: just a patch that does not apply
+    as it stands needs them (see `_merge` and `_dependency`)."""
 
     @functools.cache
     def read() -> dict[str, bytes]:
@@ -322,10 +347,11 @@ def check_release(
     """Each patch's verdict against the release's `files` (those the series
     touches under `trees`, as vLLM `version` has them), as the rebased
     series would meet them: the patches that apply (exactly or with offset)
-    are applied, so later patches see their changes; one that `rebase`
-    drops, or that conflicts, is left out. Only the hunks under `trees` are
-    judged. `own_files` reads the same files as the series' own release
-    ships them, for `_dependency`."""
+    are applied, and those that merge (`_merge`) merged, so later patches
+    see their changes; one that `rebase` drops, or that conflicts, is left
+    out. Only the hunks under `trees` are judged, and merged. `own_files`
+    reads the same files as the series' own release ships them, for
+    `_merge` and `_dependency`."""
     rows = []
     earlier: list[tuple[Patch, Verdict]] = []
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-status-") as scratch:
@@ -335,7 +361,12 @@ def check_release(
             verdict, detail, hunks = judge(patch, root, version, trees)
             depends_on = None
             if verdict is Verdict.CONFLICT:
-                depends_on = _dependency(patch, root, earlier, own_files, trees)
+                merged = _merge(patch, root, [p for p, _ in earlier], own_files, trees)
+                if merged is not None:
+                    verdict, detail = _merged_verdict(merged, root, series)
+                    _write_files(root, merged)
+                else:
+                    depends_on = _dependency(patch, root, earlier, own_files, trees)
             if verdict in (Verdict.EXACT, Verdict.OFFSET):
                 git_apply(patch, root, trees)
             earlier.append((patch, verdict))
@@ -427,6 +458,96 @@ def _mismatch(problem: HunkProblem) -> str:
     )
 
 
+def _merge(
+    patch: Patch,
+    root: Path,
+    earlier: list[Patch],
+    own_files: Callable[[], Mapping[str, bytes]],
+    trees: tuple[str, ...],
+) -> dict[str, bytes | None] | None:
+    """The files under `trees` `patch` touches as `rebase`'s 3-way merge
+    leaves them on the release's files in `root` (None: deleted), or None
+    when that merge conflicts.
+
+    The base is the series' own release with every `earlier` patch of the
+    series applied (the FROM side `rebase` picks from, whatever the earlier
+    patches did here), theirs that plus `patch`. A file both sides create or
+    delete differently, or that one side deleted and the other changed,
+    conflicts, as in `rebase`'s cherry-pick."""
+    names = [name for name in patch.files if name.startswith(trees)]
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-merge-") as scratch:
+        side = Path(scratch) / "tree"
+        _write(own_files(), side)
+        for applied in earlier:
+            if git_apply(applied, side, trees).returncode != 0:
+                return None
+        base = {name: _read(side / name) for name in names}
+        if git_apply(patch, side, trees).returncode != 0:
+            return None
+        merged = {}
+        for name in names:
+            ours, old, theirs = _read(root / name), base[name], _read(side / name)
+            if ours in (old, theirs):
+                merged[name] = theirs
+            elif old == theirs:
+                merged[name] = ours
+            elif ours is None or old is None or theirs is None:
+                return None
+            else:
+                result = _merge_file(ours, old, theirs, Path(scratch) / "merge")
+                if result is None:
+                    return None
+                merged[name] = result
+        return merged
+
+
+def _merge_file(ours: bytes, base: bytes, theirs: bytes, scratch: Path) -> bytes | None:
+    """`git merge-file --diff3` of one file's three versions: the merged
+    bytes, or None when the merge has a conflict (its exit status counts
+    them)."""
+    scratch.mkdir(exist_ok=True)
+    paths = []
+    for label, content in (("ours", ours), ("base", base), ("theirs", theirs)):
+        paths.append(scratch / label)
+        paths[-1].write_bytes(content)
+    proc = git_run(
+        scratch,
+        *("merge-file", "--diff3", *map(str, paths)),
+        env={"GIT_CEILING_DIRECTORIES": str(scratch.parent)},
+    )
+    if proc.returncode != 0:
+        return None
+    return paths[0].read_bytes()
+
+
+def _merged_verdict(
+    merged: Mapping[str, bytes | None], root: Path, series: Series
+) -> tuple[Verdict, str]:
+    """A merged patch's verdict: "already present" when the merge changes
+    nothing (`rebase` drops it), else "merges (3-way)"."""
+    changed = [
+        name for name, content in merged.items() if _read(root / name) != content
+    ]
+    if not changed:
+        return Verdict.PRESENT, "merges to no change (3-way): rebase drops it"
+    return Verdict.MERGES, (
+        f"{', '.join(changed)}: merged with {series.release.version} as the base, "
+        "as rebase merges it; rebase keeps it, refreshed"
+    )
+
+
+def _write_files(root: Path, files: Mapping[str, bytes | None]) -> None:
+    """Put `files` in `root`, deleting those that are None."""
+    write_tree(root, {n: c for n, c in files.items() if c is not None})
+    for name, content in files.items():
+        if content is None and (root / name).exists():
+            (root / name).unlink()
+
+
+def _read(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
+
+
 def _dependency(
     patch: Patch,
     root: Path,
@@ -442,7 +563,7 @@ def _dependency(
     failures left need them; when every failure on this release is among
     those, an earlier patch caused the conflict, not upstream. The answer
     names each left-out patch without which alone `patch` fails there."""
-    applied = (Verdict.EXACT, Verdict.OFFSET, Verdict.PRESENT)
+    applied = (Verdict.EXACT, Verdict.OFFSET, Verdict.MERGES, Verdict.PRESENT)
     left_out = [(p, v) for p, v in earlier if v not in applied]
     if not left_out:
         return None
