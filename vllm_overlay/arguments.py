@@ -8,6 +8,7 @@ one line, printed by `errors.report_error`.
 """
 
 import argparse
+import shlex
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,7 @@ SUMMARY = (
 # What a leftover argument most likely means, per command (default: see its help).
 LEFTOVER_HINTS = {
     "doctor": "put vLLM's arguments after `--`: `vllm-overlay doctor "
-    "[--without-series] -- [MODEL] [SERVE FLAGS...]`",
+    "[--without-series] [--peer ARGS] -- [MODEL] [SERVE FLAGS...]`",
 }
 # A commit of a vLLM clone is named one way by every command and by
 # `python -m ci.track_main`: `PATH@REF`. An option spelling it otherwise gets
@@ -43,6 +44,9 @@ STATUS_EXIT = (
     "no hand merge: `rebase` settles it); 1 when any patch conflicts, on an "
     "error, or when --record kept a release's earlier verdicts"
 )
+# What may come before the peer's `vllm serve` arguments in `--peer`, so
+# that a launch command can be pasted as it is.
+SERVE_COMMANDS = (["vllm", "serve"], ["vllm-overlay", "serve"])
 
 Commands = argparse._SubParsersAction
 
@@ -160,6 +164,29 @@ def _output_folder(value: str) -> Path:
     return path
 
 
+def _peer_args(value: str) -> list[str]:
+    """`doctor --peer`: the other server's `vllm serve` arguments, split as
+    a POSIX shell splits them, without a leading `vllm serve` or `--`."""
+    try:
+        args = shlex.split(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"cannot split {value!r} as a shell does ({exc}); quote the "
+            "peer's arguments as one string"
+        ) from None
+    for command in SERVE_COMMANDS:
+        if args[: len(command)] == command:
+            args = args[len(command) :]
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        raise argparse.ArgumentTypeError(
+            "names no arguments; give the other server's `vllm serve` "
+            "arguments, its model first"
+        )
+    return args
+
+
 # --- the user's commands
 
 
@@ -207,13 +234,24 @@ def _doctor(commands: Commands) -> argparse.ArgumentParser:
         "doctor",
         "say which `vllm serve` flags fail or silently degrade for hybrid "
         "models with KV connectors, without starting vLLM",
-        usage=f"{PROG} doctor [--without-series] [--] [MODEL] [SERVE FLAGS...]",
+        usage=f"{PROG} doctor [--without-series] [--peer ARGS] [--] [MODEL] "
+        "[SERVE FLAGS...]",
     )
     doctor.add_argument(
         "--without-series",
         action="store_true",
         help="judge plain `vllm serve` of an unpatched build (default: as "
         "`vllm-overlay serve` runs it, with the series applied)",
+    )
+    doctor.add_argument(
+        "--peer",
+        type=_peer_args,
+        metavar="ARGS",
+        help="the other server of a prefill/decode pair over NixlConnector: its "
+        '`vllm serve` arguments as one quoted string (--peer "MODEL '
+        '--speculative-config ..."). Its config is built here too, and what '
+        "NIXL's compatibility check would refuse at the first request is "
+        "named, speculative decoding first",
     )
     doctor.add_argument(
         "serve_args",

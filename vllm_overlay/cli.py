@@ -285,7 +285,9 @@ def _doctor(args: argparse.Namespace) -> int:
     # Imported here: it is the one command that loads vLLM.
     from vllm_overlay.doctor import diagnose
 
-    report = diagnose(args.serve_args, with_series=not args.without_series)
+    report = diagnose(
+        args.serve_args, with_series=not args.without_series, peer_args=args.peer
+    )
     print(report.render(), end="")
     return report.exit_code
 

@@ -14,6 +14,8 @@ Run: `PYTHONPATH=$PWD HF_HUB_OFFLINE=1 ENV/bin/python -m pytest tests/runtime`
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import logging
 import os
@@ -29,9 +31,15 @@ import torch
 
 from ci.hf_standin import Vocabulary, write_tokenizer
 from vllm_overlay.doctor import diagnose
+from vllm_overlay.doctor.compat import NIXL_METADATA
 from vllm_overlay.doctor.findings import Finding, Severity
 from vllm_overlay.doctor.report import Report
 from vllm_overlay.doctor.rules import RULES, hma_enabled, installed_build
+from vllm_overlay.doctor.rules_speculative import (
+    MAMBA_KERNEL_LAUNCH,
+    pd_pair,
+    speculative_hybrid_prefix_caching_on_cpu,
+)
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.runtime.installed import installed_vllm
 from vllm_overlay.series.manifest import (
@@ -68,19 +76,23 @@ COMMON = {
     "torch_dtype": "bfloat16",
     "eos_token_id": 2047,
 }
+QWEN35 = {
+    **COMMON,
+    "architectures": ["Qwen3_5ForCausalLM"],
+    "model_type": "qwen3_5_text",
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+    "linear_conv_kernel_dim": 4,
+}
 CONFIGS = {
-    "qwen3.5": {
-        **COMMON,
-        "architectures": ["Qwen3_5ForCausalLM"],
-        "model_type": "qwen3_5_text",
-        "num_hidden_layers": 4,
-        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
-        "linear_key_head_dim": 32,
-        "linear_value_head_dim": 32,
-        "linear_conv_kernel_dim": 4,
-    },
+    "qwen3.5": QWEN35,
+    # With one MTP layer, Qwen3.5's own speculative decoding (`--speculative-
+    # config '{"method": "mtp", ...}'`).
+    "qwen3.5-mtp": {**QWEN35, "mtp_num_hidden_layers": 1},
     "llama": {
         **COMMON,
         "architectures": ["LlamaForCausalLM"],
@@ -341,6 +353,82 @@ def test_any_serve_flag_is_accepted_and_an_unknown_one_refused(models):
     assert report.facts.launch.block_size == 32
     with pytest.raises(OverlayError, match="rejects these arguments"):
         diagnose([models["llama"], "--no-such-flag"])
+    with pytest.raises(OverlayError, match="rejects the --peer arguments"):
+        diagnose([models["llama"]], peer_args=[models["llama"], "--no-such-flag"])
+
+
+def speculative(method: str, tokens: int, **extra: object) -> list[str]:
+    config = {"method": method, "num_speculative_tokens": tokens, **extra}
+    return ["--speculative-config", json.dumps(config)]
+
+
+MTP = speculative("mtp", 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU platform's gap")
+def test_speculation_with_hybrid_prefix_caching_is_refused_on_the_cpu(models):
+    report = judged(models["qwen3.5-mtp"], *MTP)
+    launch = report.facts.launch
+    assert (launch.platform, launch.mamba_cache_mode) == ("cpu", "align")
+    assert (launch.speculative.method, launch.speculative.num_speculative_tokens) == (
+        "mtp",
+        1,
+    )
+    (error,) = speculative_hybrid_prefix_caching_on_cpu(report.facts)
+    assert "`TypeError: 'function' object is not subscriptable`" in error.what
+    assert report.exit_code == 1
+    # The line the finding cites launches that kernel in the installed vLLM.
+    kernel, line = MAMBA_KERNEL_LAUNCH[report.facts.build.version]
+    from vllm.v1.worker import mamba_utils
+
+    source = Path(inspect.getsourcefile(mamba_utils)).read_text().splitlines()
+    assert source[line - 1].strip() == f"{kernel}[grid]("
+    assert f"mamba_utils.py:{line} ({kernel}" in error.what
+    # Without prefix caching, without speculation, or on a plain model: none.
+    ngram = speculative("ngram", 2, prompt_lookup_max=3)
+    for args in (
+        [models["qwen3.5-mtp"], *MTP, "--no-enable-prefix-caching"],
+        [models["qwen3.5-mtp"]],
+        [models["llama"], *ngram],
+    ):
+        other = judged(*args)
+        assert list(speculative_hybrid_prefix_caching_on_cpu(other.facts)) == []
+
+
+def test_a_pd_pair_is_compared_on_what_nixl_hashes(models):
+    """The pair of the issue: MTP on the prefill server only. 0.31.0 on hash
+    MTP's method and draft model; 0.22.1 no speculative setting."""
+    base = [models["qwen3.5-mtp"], *kv("NixlConnector"), "--no-enable-prefix-caching"]
+
+    def pair(mine: list[str], theirs: list[str]) -> Finding:
+        report = diagnose([*base, *mine], peer_args=[*base, *theirs])
+        assert report.facts.peer is not None
+        assert report.facts.peer.hash_differences is not None, report.render()
+        (finding,) = pd_pair(report.facts)
+        return finding
+
+    hashed = hasattr(
+        importlib.import_module(NIXL_METADATA),
+        "_get_speculative_compatibility_factors",
+    )
+    only_here = pair(MTP, [])
+    if hashed:
+        assert only_here.severity == Severity.ERROR
+        assert "NIXL compatibility hash mismatch" in only_here.what
+        assert "speculative decoding (this one: mtp" in (only_here.what)
+    else:
+        assert only_here.severity == Severity.WARNING
+        assert "does not compare" in only_here.what
+    assert "give both servers the same --speculative-config" in only_here.fix
+    assert pair(MTP, MTP).severity == Severity.INFO
+    tokens = pair(MTP, speculative("mtp", 2))
+    assert tokens.severity == Severity.INFO  # a patched build on 0.22.1 too
+    assert "speculate differently" in tokens.what
+    assert "2 speculative token(s)" in tokens.what
+    dtype = pair([], ["--dtype", "float32"])
+    assert dtype.severity == Severity.ERROR
+    assert "dtype ('torch.bfloat16' here, 'torch.float32' on the peer)" in dtype.what
+    assert "the same --dtype on both" in dtype.fix
 
 
 @pytest.fixture(scope="module")

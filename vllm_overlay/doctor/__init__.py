@@ -6,7 +6,7 @@ the weights load), so doctor builds only what `vllm serve` builds before
 that: the parsed arguments and the engine configuration. It gathers facts
 (`gather.py`) from the installed vLLM, with the series applied as
 `vllm-overlay serve` applies it (`build.py`), and judges them with pure
-rules (`rules.py`).
+rules (`rules.py`, and `rules_speculative.py` for speculative decoding).
 """
 
 from vllm_overlay.doctor.build import evaluated_sources, installed_build
@@ -15,9 +15,16 @@ from vllm_overlay.doctor.report import Report
 from vllm_overlay.doctor.rules import evaluate
 
 
-def diagnose(serve_args: list[str], *, with_series: bool = True) -> Report:
+def diagnose(
+    serve_args: list[str],
+    *,
+    with_series: bool = True,
+    peer_args: list[str] | None = None,
+) -> Report:
     """Judge `vllm serve SERVE_ARGS` on this environment's vLLM; with
-    `with_series` False, as plain `vllm serve` runs an unpatched build."""
+    `with_series` False, as plain `vllm serve` runs an unpatched build; with
+    `peer_args`, as one server of a P/D pair whose other server runs
+    `vllm serve PEER_ARGS`."""
     if serve_args[:1] == ["--"]:
         serve_args = serve_args[1:]
     build = installed_build()
@@ -27,5 +34,5 @@ def diagnose(serve_args: list[str], *, with_series: bool = True) -> Report:
         from vllm_overlay.doctor.gather import gather
 
         with evaluated_sources(build, with_series) as evaluated:
-            facts = gather(serve_args, evaluated)
+            facts = gather(serve_args, evaluated, peer_args)
     return Report(facts, tuple(evaluate(facts)))

@@ -82,6 +82,10 @@ class ConnectorFacts:
     declined_reads: object = None
     """For NixlConnector: `declined_reads` of its extra config as given
     (nixl-decode-confirms-reads' option); None: not given."""
+    handshake_check: object = None
+    """For NixlConnector: `enforce_handshake_compat` of its extra config as
+    given (whether its handshake refuses a peer whose compatibility hash
+    differs); None: not given, which means on."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,33 @@ class DependencyFacts:
     name: str
     importable: bool
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class SpeculativeFacts:
+    """`--speculative-config` as vLLM resolved it."""
+
+    method: str | None = None
+    """vLLM's method (`mtp`, `eagle`, `ngram`, `draft_model`, ...); None:
+    speculative decoding is off."""
+    num_speculative_tokens: int | None = None
+    draft_model: str | None = None
+    """The draft's model, for a method whose draft has layers with a KV cache
+    of their own (EAGLE-style and MTP, whose draft is the target's own
+    checkpoint, and draft_model); None for n-gram-style methods."""
+
+    def describe(self) -> str:
+        if self.method is None:
+            return "off"
+        parts = [self.method]
+        if self.num_speculative_tokens is not None:
+            parts.append(f"{self.num_speculative_tokens} speculative token(s)")
+        if self.draft_model is not None:
+            parts.append(f"draft model {self.draft_model}")
+        return ", ".join(parts)
+
+
+NO_SPECULATION = SpeculativeFacts()
 
 
 @dataclass(frozen=True)
@@ -118,6 +149,38 @@ class LaunchFacts:
     """N, the attention block size a hybrid model runs with once vLLM raised
     it at engine start (the Mamba block size too, in align mode); None: not
     hybrid, or not computed."""
+    speculative: SpeculativeFacts | None = None
+    """Speculative decoding as vLLM resolved it (`NO_SPECULATION` when it is
+    off); None: no config was built."""
+
+
+@dataclass(frozen=True)
+class FactorDifference:
+    """A factor of NIXL's compatibility hash on which the two servers of a
+    pair differ, with each side's value as text."""
+
+    name: str
+    """The factor (`model`, `dtype`, ...); a speculative one as
+    `speculative_config.FIELD`, or `speculative_config` when one side has
+    none."""
+    here: str
+    peer: str
+
+
+@dataclass(frozen=True)
+class PeerFacts:
+    """The other server of a prefill/decode pair (`doctor --peer ARGS`),
+    built from its `vllm serve` arguments as this launch is."""
+
+    model: str
+    hybrid: bool | None
+    launch: LaunchFacts
+    connectors: tuple[ConnectorFacts, ...] = ()
+    hash_differences: tuple[FactorDifference, ...] | None = None
+    """Where the factors of NIXL's compatibility hash differ between this
+    launch and the peer, speculative ones first; () when they agree; None
+    when they could not be computed (a config not built, or a vLLM whose
+    function doctor cannot call)."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +200,8 @@ class Facts:
     """The `declined_reads` values the evaluated NixlConnector accepts; ()
     when its sources have no such option (upstream's, 0.22.1's series), so
     that the key is ignored; None: not asked."""
+    peer: PeerFacts | None = None
+    """The other server of a P/D pair, when `--peer` names it."""
 
     def selects(self, name: str) -> bool:
         return any(c.name == name for c in self.connectors)

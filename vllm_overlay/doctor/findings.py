@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 
 class Severity(enum.IntEnum):
-    """ERROR: `vllm serve` stops at start-up. WARNING: it starts, but something
-    silently does not work as the flags suggest. INFO: context."""
+    """ERROR: `vllm serve` stops at start-up, or fails every request (found
+    only once requests flow). WARNING: it starts, but something silently does
+    not work as the flags suggest. INFO: context."""
 
     INFO = 0
     WARNING = 1

@@ -6,7 +6,8 @@ accepts is accepted), `EngineArgs.create_engine_config` builds the
 `VllmConfig` (which decides on the hybrid KV cache manager), its model
 registry says whether the model is hybrid, and its connector factory resolves
 the connector classes. Building the config reads the model's config and
-tokenizer but loads no weights and starts no process.
+tokenizer but loads no weights and starts no process. The other server of
+a prefill/decode pair (`--peer`) is built the same way.
 """
 
 import argparse
@@ -18,16 +19,21 @@ import os
 from typing import Any
 from unittest import mock
 
+from vllm_overlay.doctor.compat import compatibility_factors, differences
 from vllm_overlay.doctor.facts import (
     LMCACHE,
     MULTI,
     NIXL,
+    NO_SPECULATION,
     BuildFacts,
     ConnectorFacts,
     DependencyFacts,
+    FactorDifference,
     Facts,
     LaunchFacts,
     ModelFacts,
+    PeerFacts,
+    SpeculativeFacts,
 )
 from vllm_overlay.doctor.hf_config import find_config, hybrid_from_config, read_config
 from vllm_overlay.errors import OverlayError
@@ -39,25 +45,25 @@ NATIVE_LMCACHE_ADAPTER = (
 # Where nixl-decode-confirms-reads keeps the values of `declined_reads`
 # (0.31.0-0.33.0); 0.22.1's NixlConnector has no such module.
 NIXL_PULL_SCHEDULER = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler"
+# Speculative methods whose draft has layers with a KV cache of their own,
+# besides the EAGLE-style ones (`SpeculativeConfig.uses_draft_kv_cache`,
+# 0.31.0 on; 0.22.1 allocates the same).
+DRAFT_KV_METHODS = ("draft_model", "extract_hidden_states")
+PEER = "the --peer arguments"
 
 
-def gather(serve_args: list[str], build: BuildFacts) -> Facts:
-    """The facts of `vllm serve SERVE_ARGS` on the installed vLLM."""
+def gather(
+    serve_args: list[str], build: BuildFacts, peer_args: list[str] | None = None
+) -> Facts:
+    """The facts of `vllm serve SERVE_ARGS` on the installed vLLM, and of
+    the other server of its P/D pair when `peer_args` names it."""
     # The report replaces vLLM's start-up log; keep its INFO lines out of it.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     platform = _platform()
     if platform[0] is None:
         # vLLM's own parser needs a platform: `vllm serve` stops right here.
         return Facts(build=build, launch=LaunchFacts(platform=None))
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    args = parse_serve_args(serve_args)
-    try:
-        engine_args = AsyncEngineArgs.from_cli_args(args)
-    except Exception as exc:  # e.g. a model name the hub refuses
-        raise OverlayError(
-            f"vllm serve rejects these arguments: {_describe(exc)}"
-        ) from None
+    engine_args = _engine_args(serve_args, "these arguments")
     model, model_config = model_facts(engine_args)
     config, error = _engine_config(engine_args)
     kv_transfer = (config or engine_args).kv_transfer_config
@@ -75,7 +81,55 @@ def gather(serve_args: list[str], build: BuildFacts) -> Facts:
         else None,
         nixl=nixl_facts() if NIXL in selected else None,
         declined_reads_values=declined_reads_values() if NIXL in selected else None,
+        peer=None if peer_args is None else peer_facts(peer_args, config, platform),
     )
+
+
+def peer_facts(
+    peer_args: list[str], config: Any, platform: tuple[str | None, bool | None]
+) -> PeerFacts:
+    """The other server of the pair, built as this launch is, and where the
+    two differ in NIXL's compatibility hash (`config`: this launch's)."""
+    engine_args = _engine_args(peer_args, PEER)
+    peer_config, error = _engine_config(engine_args)
+    kv_transfer = (peer_config or engine_args).kv_transfer_config
+    model_config = peer_config.model_config if peer_config else None
+    return PeerFacts(
+        model=engine_args.model,
+        hybrid=model_config.is_hybrid if model_config else None,
+        launch=launch_facts(engine_args, peer_config, error, platform),
+        connectors=connector_facts(kv_transfer, model_config),
+        hash_differences=(
+            hash_differences(config, peer_config) if config and peer_config else None
+        ),
+    )
+
+
+def hash_differences(config: Any, peer: Any) -> tuple[FactorDifference, ...] | None:
+    """Where the two configs differ in what NIXL's compatibility hash covers;
+    each with the attention backend vLLM's selector picks for it, as the
+    worker names its layers' backend."""
+    try:
+        backends = [_attention_backend(c).get_name() for c in (config, peer)]
+    except Exception:  # private internals: any failure means "not known"
+        return None
+    mine = compatibility_factors(config, backends[0])
+    theirs = compatibility_factors(peer, backends[1])
+    if mine is None or theirs is None:
+        return None
+    return differences(mine, theirs)
+
+
+def _engine_args(serve_args: list[str], who: str) -> Any:
+    """The `AsyncEngineArgs` `vllm serve SERVE_ARGS` starts from; `who`
+    names the arguments in a refusal."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    args = parse_serve_args(serve_args, who)
+    try:
+        return AsyncEngineArgs.from_cli_args(args)
+    except Exception as exc:  # e.g. a model name the hub refuses
+        raise OverlayError(f"vllm serve rejects {who}: {_describe(exc)}") from None
 
 
 def launch_facts(
@@ -101,12 +155,26 @@ def launch_facts(
         platform_supports_hma=platform[1],
         hma_flag=engine_args.disable_hybrid_kv_cache_manager,
         hma_enabled=not config.scheduler_config.disable_hybrid_kv_cache_manager,
+        speculative=speculative_facts(config.speculative_config),
         prefix_caching=config.cache_config.enable_prefix_caching,
         chunked_prefill=config.scheduler_config.enable_chunked_prefill,
         mamba_cache_mode=config.cache_config.mamba_cache_mode,
         block_size=engine_args.block_size,
         max_num_batched_tokens=config.scheduler_config.max_num_batched_tokens,
         hybrid_block_size=hybrid_block_size(config),
+    )
+
+
+def speculative_facts(speculative: Any) -> SpeculativeFacts:
+    """The built `SpeculativeConfig` (None: off), as the rules need it."""
+    if speculative is None:
+        return NO_SPECULATION
+    has_draft_kv = speculative.use_eagle() or speculative.method in DRAFT_KV_METHODS
+    draft = speculative.draft_model_config
+    return SpeculativeFacts(
+        method=speculative.method,
+        num_speculative_tokens=speculative.num_speculative_tokens,
+        draft_model=draft.model if has_draft_kv and draft is not None else None,
     )
 
 
@@ -122,26 +190,33 @@ def hybrid_block_size(config: Any) -> int | None:
     naming it)."""
     if not config.model_config.is_hybrid:
         return None
-    from vllm.config import set_current_vllm_config
     from vllm.platforms import current_platform
-    from vllm.v1.attention.selector import get_attn_backend
 
     platform = type(current_platform)
     try:
         scratch = copy.deepcopy(config)
-        model = scratch.model_config
-        with set_current_vllm_config(scratch):
-            backend = get_attn_backend(
-                model.get_head_size(),
-                model.dtype,
-                scratch.cache_config.cache_dtype,
-                use_mla=model.use_mla,
-            )
+        backend = _attention_backend(scratch)
         with _layers_backed_by(platform, backend):
             platform.update_block_size_for_backend(scratch)
     except Exception:  # private internals: any failure means "not known"
         return None
     return scratch.cache_config.block_size
+
+
+def _attention_backend(config: Any) -> Any:
+    """The backend vLLM's selector picks for a decoder attention layer of
+    the model of `config`."""
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.selector import get_attn_backend
+
+    model = config.model_config
+    with set_current_vllm_config(config):
+        return get_attn_backend(
+            model.get_head_size(),
+            model.dtype,
+            config.cache_config.cache_dtype,
+            use_mla=model.use_mla,
+        )
 
 
 def _layers_backed_by(platform: type, backend: Any) -> Any:
@@ -155,9 +230,12 @@ def _layers_backed_by(platform: type, backend: Any) -> Any:
     return mock.patch.object(platform, "_find_non_ssm_backend", first)
 
 
-def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
+def parse_serve_args(
+    serve_args: list[str], who: str = "these arguments"
+) -> argparse.Namespace:
     """The arguments as `vllm serve` parses and validates them: with its own
-    subcommand parser, the positional model taking precedence."""
+    subcommand parser, the positional model taking precedence; `who` names
+    them in a refusal."""
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -169,7 +247,7 @@ def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
     except SystemExit as exc:
         if exc.code:
             raise OverlayError(
-                "vLLM's `serve` parser rejects these arguments (see above)"
+                f"vLLM's `serve` parser rejects {who} (see above)"
             ) from None
         raise
     if args.model_tag is not None:
@@ -177,7 +255,7 @@ def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
     try:
         command.validate(args)
     except (TypeError, ValueError) as exc:
-        raise OverlayError(f"vllm serve rejects these arguments: {exc}") from None
+        raise OverlayError(f"vllm serve rejects {who}: {exc}") from None
     return args
 
 
@@ -283,11 +361,14 @@ def _connector(
     except Exception as exc:  # an unknown name, a module that does not import
         return ConnectorFacts(name, None, parent=parent, error=_describe(exc))
     path = f"{cls.__module__}.{cls.__qualname__}"
-    declined = None
-    if name == NIXL:
-        declined = (kv_transfer.kv_connector_extra_config or {}).get("declined_reads")
+    extra = (kv_transfer.kv_connector_extra_config or {}) if name == NIXL else {}
     return ConnectorFacts(
-        name, supports, class_path=path, parent=parent, declined_reads=declined
+        name,
+        supports,
+        class_path=path,
+        parent=parent,
+        declined_reads=extra.get("declined_reads"),
+        handshake_check=extra.get("enforce_handshake_compat"),
     )
 
 

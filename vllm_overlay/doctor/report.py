@@ -36,7 +36,7 @@ class Report:
         errors = sum(f.severity == Severity.ERROR for f in self.findings)
         warnings = sum(f.severity == Severity.WARNING for f in self.findings)
         if errors:
-            verdict = "vLLM would not start as asked"
+            verdict = "vLLM would not start or serve as asked"
         elif warnings:
             verdict = "vLLM would start, but not work as the flags suggest"
         else:
@@ -67,6 +67,16 @@ def _header(facts: Facts) -> list[str]:
         lines.append(f"connectors:  {', '.join(map(_connector, facts.connectors))}")
     state = {True: "on", False: "off", None: "unknown"}[hma_enabled(facts)]
     lines.append(f"hybrid KV cache manager: {state}")
+    if facts.launch is not None and facts.launch.speculative is not None:
+        lines.append(f"speculative: {facts.launch.speculative.describe()}")
+    peer = facts.peer
+    if peer is not None:
+        connectors = ", ".join(map(_connector, peer.connectors)) or "no connector"
+        speculative = peer.launch.speculative
+        described = speculative.describe() if speculative else "unknown"
+        lines.append(
+            f"peer:        {peer.model}: {connectors}; speculative: {described}"
+        )
     return lines
 
 

@@ -5,7 +5,8 @@ with KV connectors, as the pinned releases implement it. The rule's docstring
 names where that behaviour lives by module (relative to the `vllm` package)
 and function or class, which outlast line numbers from one release to the
 next; it names the releases that differ, and any line number says which
-release (or LMCache version) it is from.
+release (or LMCache version) it is from. Speculative decoding's rules live in
+`rules_speculative.py` and are listed here too.
 """
 
 from collections.abc import Callable, Iterator
@@ -19,6 +20,10 @@ from vllm_overlay.doctor.facts import (
     Facts,
 )
 from vllm_overlay.doctor.findings import Finding, Severity
+from vllm_overlay.doctor.rules_speculative import (
+    pd_pair,
+    speculative_hybrid_prefix_caching_on_cpu,
+)
 from vllm_overlay.series.pins import Dist
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
@@ -614,4 +619,6 @@ RULES: tuple[Rule, ...] = (
     lmcache_mp_settings,
     nixl_importable,
     nixl_declined_reads,
+    speculative_hybrid_prefix_caching_on_cpu,
+    pd_pair,
 )
