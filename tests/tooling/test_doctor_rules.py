@@ -448,4 +448,6 @@ def test_report_states_the_facts_and_wraps_findings():
     assert "hybrid KV cache manager: on\n" in text
     assert all(len(line) <= 88 for line in text.splitlines()[4:])
     assert text.index("error:") < text.index("info:")
-    assert text.endswith("1 error(s), 0 warning(s): vLLM would not start or serve as asked\n")
+    assert text.endswith(
+        "1 error(s), 0 warning(s): vLLM would not start or serve as asked\n"
+    )
