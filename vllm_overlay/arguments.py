@@ -8,6 +8,7 @@ one line, printed by `errors.report_error`.
 """
 
 import argparse
+import functools
 import shlex
 import textwrap
 from collections.abc import Callable
@@ -152,14 +153,15 @@ def _command(
     return commands.add_parser(name, help=summary, description=summary, **options)
 
 
-def _output_folder(value: str) -> Path:
-    """An `--out` folder. A file in the way (the path or a parent) is refused
-    before any work: the write would fail at the end with "File exists"."""
+def _output_folder(value: str, names: str = "--out") -> Path:
+    """An `--out` folder (or the argument `names`). A file in the way (the
+    path or a parent) is refused before any work: the write would fail at
+    the end with "File exists"."""
     path = Path(value)
     blocker = file_in_the_way(path)
     if blocker is not None:
         raise argparse.ArgumentTypeError(
-            f"{blocker} is a file, and --out names a folder"
+            f"{blocker} is a file, and {names} names a folder"
         )
     return path
 
@@ -453,6 +455,31 @@ def _extract(commands: Commands) -> argparse.ArgumentParser:
     return extract
 
 
+def _index(commands: Commands) -> argparse.ArgumentParser:
+    index = _command(
+        commands,
+        "index",
+        "write a PEP 503 simple index of a folder of built wheels as static "
+        "files, with SHA256SUMS, for pip's --extra-index-url",
+    )
+    index.add_argument(
+        "dist", type=Path, metavar="DIST_DIR", help="the folder of wheels, only wheels"
+    )
+    index.add_argument(
+        "out",
+        type=functools.partial(_output_folder, names="OUT_DIR"),
+        metavar="OUT_DIR",
+        help="a new (or empty) folder: OUT_DIR/simple/ is the index",
+    )
+    index.add_argument(
+        "--wheel-url",
+        metavar="URL",
+        help="link the wheels at URL/<file> instead of copying them into the "
+        "index (where they are hosted, e.g. a GitHub release's assets)",
+    )
+    return index
+
+
 MAINTAINER_COMMANDS: tuple[Callable[[Commands], argparse.ArgumentParser], ...] = (
     _status,
     _rebase,
@@ -462,4 +489,5 @@ MAINTAINER_COMMANDS: tuple[Callable[[Commands], argparse.ArgumentParser], ...] =
     _lint,
     _table,
     _extract,
+    _index,
 )

@@ -40,6 +40,7 @@ from vllm_overlay.track.status import (
 from vllm_overlay.track.table import TABLE_FILE, render_table
 from vllm_overlay.track.verdicts import VERDICTS_FILE
 from vllm_overlay.wheel.builder import build_release
+from vllm_overlay.wheel.index import SIMPLE_DIR, SUMS_FILE, write_index
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -281,6 +282,17 @@ def _extract(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index(args: argparse.Namespace) -> int:
+    wheels = write_index(args.dist, args.out, args.wheel_url)
+    projects = sorted({wheel.project for wheel in wheels})
+    where = f"linked at {args.wheel_url}" if args.wheel_url else "copied beside"
+    print(
+        f"wrote {args.out / SIMPLE_DIR} ({len(wheels)} wheel(s) of "
+        f"{', '.join(projects)}, {where}) and {args.out / SUMS_FILE}"
+    )
+    return 0
+
+
 def _doctor(args: argparse.Namespace) -> int:
     # Imported here: it is the one command that loads vLLM.
     from vllm_overlay.doctor import diagnose
@@ -305,6 +317,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "lint": _lint,
     "table": _table,
     "extract": _extract,
+    "index": _index,
 }
 
 
