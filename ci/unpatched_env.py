@@ -109,10 +109,10 @@ def _create(base: Path, venv: Path, wheel: Path, release: str, alias: bool) -> N
     print(f"vllm-overlay: [serve e2e] creating {venv}", file=sys.stderr, flush=True)
     python = base / "bin" / "python"
     _check(str(python), "-m", "venv", "--without-pip", str(venv))
-    base_site = _site_packages(base)
-    site = _site_packages(venv)
+    base_site = site_packages(base)
+    site = site_packages(venv)
     for entry in sorted(base_site.iterdir()):
-        if not _is_vllm(entry.name):
+        if not is_vllm(entry.name):
             (site / entry.name).symlink_to(entry)
     _check(
         str(venv / "bin" / "python"),
@@ -127,7 +127,7 @@ def _create(base: Path, venv: Path, wheel: Path, release: str, alias: bool) -> N
         )
 
 
-def _is_vllm(name: str) -> bool:
+def is_vllm(name: str) -> bool:
     """The vLLM package and any vLLM distribution's metadata."""
     if name == "vllm":
         return True
@@ -137,7 +137,7 @@ def _is_vllm(name: str) -> bool:
     return canonicalize_name(stem.split("-")[0]) in tuple(Dist)
 
 
-def _site_packages(venv: Path) -> Path:
+def site_packages(venv: Path) -> Path:
     found = list((venv / "lib").glob("python3.*/site-packages"))
     if len(found) != 1:
         raise OverlayError(f"{venv} has no single lib/python3.*/site-packages")

