@@ -53,7 +53,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import quote
 
 from packaging.specifiers import SpecifierSet
@@ -72,6 +74,7 @@ from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.fetch import fetch_wheel
 from vllm_overlay.wheel.index import write_index
 
+T = TypeVar("T")
 RELEASE = "0.32.0"
 # The step's name, in the suite's summary and in each line it prints.
 STEP = "install from the index"
@@ -134,7 +137,7 @@ def _check(series: Series, wheel: Path, cache: Path) -> None:
         try:
             if not server.wait_ready(port, "/simple/", timeout=30):
                 raise OverlayError(f"http.server did not serve: {server.output}")
-            _step(
+            installed = _step(
                 "pip install from the index",
                 _pip,
                 venv,
@@ -143,6 +146,8 @@ def _check(series: Series, wheel: Path, cache: Path) -> None:
             )
         finally:
             server.stop()
+        done = [ln for ln in installed.splitlines() if ln.startswith("Successfully")]
+        print(f"install from the index: pip: {' '.join(done)}", flush=True)
         fetched = f'"GET /simple/vllm/{quote(wheel.name)} HTTP/1.1" 200'
         if fetched not in server.output:
             raise OverlayError(f"pip did not download {wheel.name} from the index")
@@ -164,7 +169,8 @@ def _check(series: Series, wheel: Path, cache: Path) -> None:
             raise OverlayError(f"vllm-overlay doctor does not say {header}: {report}")
 
 
-def _step(name: str, action, *args, **kwargs):
+def _step(name: str, action: Callable[..., T], *args: object, **kwargs: object) -> T:
+    """`action(*args, **kwargs)`, its seconds printed under `name`."""
     started = time.monotonic()
     result = action(*args, **kwargs)
     print(
@@ -192,7 +198,7 @@ def _new_env(root: Path, base: Path) -> Path:
     layer = root / "layer"
     layer.mkdir()
     for entry in sorted(site_packages(base).iterdir()):
-        if not is_vllm(entry.name) and not entry.name.startswith("vllm_overlay"):
+        if not is_vllm(entry.name) and "vllm_overlay" not in entry.name:
             (layer / entry.name).symlink_to(entry)
     venv = root / "venv"
     _run(str(base / "bin" / "python"), "-m", "venv", str(venv))
