@@ -115,8 +115,12 @@ def _deselection(path: Path, index: int, entry: object) -> Deselection:
 
 
 def _bound(where: str, key: str, value: object) -> Version | None:
-    if value is None:
-        return None
+    return None if value is None else release_version(where, key, value)
+
+
+def release_version(where: str, key: str, value: object) -> Version:
+    """`value`, the release `key` of `where` names, as a version, or a
+    one-line error naming them."""
     try:
         if isinstance(value, str):
             return Version(value)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, patches_root
-from vllm_overlay.series.deselections import within
+from vllm_overlay.series.deselections import release_version, within
 from vllm_overlay.series.pins import Dist, load_pins
 
 FACTS_FILE = Path("vllm") / "release-facts.toml"
@@ -256,7 +256,7 @@ def upstream_tests(root: Path | None = None) -> list[UpstreamTest]:
         path, since = entry["path"], entry["since"]
         if not isinstance(path, str) or not path.startswith("tests/"):
             raise OverlayError(f"{what}: `path` must be a path under tests/")
-        _since(what, since)
+        release_version(what, "since", since)
         tests.append(UpstreamTest(index + 1, path, since))
     return tests
 
@@ -337,15 +337,6 @@ def _since_problem(
             "first pinned release after it that has it"
         )
     return None
-
-
-def _since(what: str, value: object) -> Version:
-    try:
-        if isinstance(value, str):
-            return Version(value)
-    except InvalidVersion:
-        pass
-    raise OverlayError(f"{what}: `since` must be a release version")
 
 
 def _strings(where: Path, key: str, value: object) -> tuple[str, ...]:
