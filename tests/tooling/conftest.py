@@ -37,6 +37,15 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+def refusal(capsys, *argv: str) -> str:
+    """The one line `vllm-overlay ARGV...` refuses with (status 1, no stdout)."""
+    code, out, err = run_cli(capsys, *argv)
+    assert (code, out) == (1, "")
+    (line,) = err.splitlines()
+    assert line.startswith("vllm-overlay: error: ")
+    return line
+
+
 def record_hash(content: bytes) -> str:
     digest = hashlib.sha256(content).digest()
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()

@@ -6,7 +6,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, run_cli, run_git
+from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, refusal, run_cli, run_git
 
 from vllm_overlay.cli import HANDLERS
 from vllm_overlay.locations import PINS_FILE, REPO_ROOT
@@ -15,15 +15,6 @@ from vllm_overlay.locations import PINS_FILE, REPO_ROOT
 def files_under(root: Path) -> dict[Path, bytes]:
     """Every file under `root` with its bytes, to show that nothing changed."""
     return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def refusal(capsys, *argv: str) -> str:
-    """The one line `vllm-overlay ARGV...` refuses with (status 1, no stdout)."""
-    code, out, err = run_cli(capsys, *argv)
-    assert (code, out) == (1, "")
-    (line,) = err.splitlines()
-    assert line.startswith("vllm-overlay: error: ")
-    return line
 
 
 def shown(capsys, *argv: str) -> str:

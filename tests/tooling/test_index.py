@@ -13,7 +13,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
-from conftest import run_cli
+from conftest import refusal, run_cli
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.wheel import index as index_module
@@ -88,14 +88,6 @@ def dist(tmp_path: Path) -> Path:
     make_wheel(folder, GPU_WHEEL)
     make_wheel(folder, TOOL_WHEEL, name="vllm-overlay", requires_python=">=3.11")
     return folder
-
-
-def refusal(capsys, *argv: str) -> str:
-    code, out, err = run_cli(capsys, *argv)
-    assert (code, out) == (1, "")
-    (line,) = err.splitlines()
-    assert line.startswith("vllm-overlay: error: ")
-    return line
 
 
 def test_the_index_links_every_wheel_with_its_hash_and_requires_python(
