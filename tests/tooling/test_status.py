@@ -572,6 +572,18 @@ def vllm_clone(tmp_path: Path) -> Path:
     return make_vllm_clone(tmp_path / "vllm")
 
 
+def tagged_clone(clone: Path, files: dict[str, str]) -> Path:
+    """A git clone holding `files` in one commit tagged as the release."""
+    for name, text in files.items():
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        (clone / name).write_text(text)
+    run_git(clone, "init", "-q")
+    run_git(clone, "add", "-A")
+    run_git(clone, "commit", "-qm", "release")
+    run_git(clone, "tag", f"v{RELEASE}")
+    return clone
+
+
 def at(capsys, source: str) -> tuple[list[dict], str]:
     code, out, err = run_cli(capsys, "status", "--json", "--source", source)
     rows = json.loads(out)
@@ -716,14 +728,9 @@ def test_a_git_commit_judges_the_hunks_of_upstreams_tests(
             {SCHEDULER: PATCHED, UPSTREAM_TEST: edited(TEST_SOURCE, {10: "patched"})},
         )
     )
-    clone = tmp_path / "vllm"
-    for name, text in ((SCHEDULER, SCHEDULER_SOURCE), (UPSTREAM_TEST, tests)):
-        (clone / name).parent.mkdir(parents=True, exist_ok=True)
-        (clone / name).write_text(text)
-    run_git(clone, "init", "-q")
-    run_git(clone, "add", "-A")
-    run_git(clone, "commit", "-qm", "release")
-    run_git(clone, "tag", f"v{RELEASE}")
+    clone = tagged_clone(
+        tmp_path / "vllm", {SCHEDULER: SCHEDULER_SOURCE, UPSTREAM_TEST: tests}
+    )
     (row,), _ = at(capsys, str(clone))
     assert (row["verdict"], row["detail"]) == (verdict, detail)
 
@@ -751,15 +758,13 @@ def test_a_test_hunk_only_an_earlier_conflict_breaks_is_a_dependency(
         ),
     )
     cache_own_sdist(project)
-    clone = tmp_path / "vllm"
-    upstream = ((SCHEDULER, edited(SCHEDULER_SOURCE, {20: "twenty"})),)
-    for name, text in (*upstream, (UPSTREAM_TEST, TEST_SOURCE)):
-        (clone / name).parent.mkdir(parents=True, exist_ok=True)
-        (clone / name).write_text(text)
-    run_git(clone, "init", "-q")
-    run_git(clone, "add", "-A")
-    run_git(clone, "commit", "-qm", "release")
-    run_git(clone, "tag", f"v{RELEASE}")
+    clone = tagged_clone(
+        tmp_path / "vllm",
+        {
+            SCHEDULER: edited(SCHEDULER_SOURCE, {20: "twenty"}),
+            UPSTREAM_TEST: TEST_SOURCE,
+        },
+    )
     demo, second = at(capsys, str(clone))[0]
     assert demo["verdict"] == "conflicts"
     assert second["verdict"] == (
