@@ -2,8 +2,8 @@
 host: the tiny Qwen3.5 hybrid's prefill and decode `vllm serve` (the
 patched build) behind upstream's toy proxy, each server run whole under
 `taskset -c <its core>` (the API server, the engine core and the worker, as
-`ci/pd/pair.py` runs the CPU suite's pairs and docs/user/pd.md tells users), against
-vLLM's own placement, where VLLM_CPU_OMP_THREADS_BIND binds only the
+`ci/suites/pd/pair.py` runs the CPU suite's pairs and docs/user/pd.md tells
+users), against vLLM's own placement, where VLLM_CPU_OMP_THREADS_BIND binds only the
 worker's model threads and the engine cores and API servers go wherever the
 kernel puts them (an engine core polls its worker, and steps a millisecond
 apart while a request waits for its KV, so a stray one takes half of the
@@ -42,8 +42,8 @@ from benchmarks.pd_decode_reuse import (
     throughput,
     ttft,
 )
-from ci.pd.bench import Workload
-from ci.pd.pair import PATCHED, UNPATCHED
+from ci.suites.pd.bench import Workload
+from ci.suites.pd.pair import PATCHED, UNPATCHED
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.series.facts import e2e_release
 

@@ -1,7 +1,7 @@
 """What the P/D decode-side patch changes for a hybrid model under load,
-measured with vLLM's own `vllm bench serve` (`ci/pd/bench.py`, the unpatched
+measured with vLLM's own `vllm bench serve` (`ci/suites/pd/bench.py`, the unpatched
 release's client for every arm): a prefill and a decode `vllm serve` of the
-tiny Qwen3.5 hybrid behind upstream's toy proxy (`ci/pd/pair.py`; on the
+tiny Qwen3.5 hybrid behind upstream's toy proxy (`ci/suites/pd/pair.py`; on the
 CPU layout each server confined to a core of its own), `prefix_repetition`
 requests, greedy.
 
@@ -10,7 +10,7 @@ the decode side behind plain NixlConnector or MultiConnector[NixlConnector,
 DecodeBenchConnector], each on the unpatched and the patched build. Cells:
 each concurrency of `--concurrency`, with the decode server's KV cache
 uncapped (1 GiB) and capped to three requests' worth
-(`ci/pd/cases.py` DECODE_CAP_BLOCKS); in a capped cell the one server gets
+(`ci/suites/pd/cases.py` DECODE_CAP_BLOCKS); in a capped cell the one server gets
 the same cap, the KV cache the decode side has, so that its requests queue
 for blocks as the pair's do (the ratios also give the uncapped one server,
 the yardstick of earlier runs). A round starts every arm afresh, once
@@ -21,7 +21,7 @@ least 16 (16, 16, 48 at concurrency 1, 4, 12), so a cell of one request at
 a time takes about as long as one of many; the rounds repeat that. Per cell and arm: the
 median over rounds of median and p99 TTFT, median TPOT, output tokens/s,
 the decode server's local-hit and pulled prompt tokens, and the prefill
-side's expired leases and reads of blocks it had released (`ci/pd/load.py`);
+side's expired leases and reads of blocks it had released (`ci/suites/pd/load.py`);
 every ratio is printed as its median over rounds
 with its spread (min-max), each round's ratio taken between runs of the
 same round.
@@ -45,12 +45,19 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ci.pd.bench import BenchResult, Workload, run_bench
-from ci.pd.cases import CASE_BY_KEY, DECODE_CAP_BLOCKS, HYBRID
-from ci.pd.load import EXPIRED_LEASE, INVALID_READ, SEED_WORKLOAD, count_lines
-from ci.pd.metrics import DecodeCounts, decode_counts, scrape
-from ci.pd.pair import PATCHED, UNPATCHED, Layout, start_pair, start_vllm, wait_all
-from ci.pd_e2e import make_layout
+from ci.suites.pd.bench import BenchResult, Workload, run_bench
+from ci.suites.pd.cases import CASE_BY_KEY, DECODE_CAP_BLOCKS, HYBRID
+from ci.suites.pd.load import EXPIRED_LEASE, INVALID_READ, SEED_WORKLOAD, count_lines
+from ci.suites.pd.metrics import DecodeCounts, decode_counts, scrape
+from ci.suites.pd.pair import (
+    PATCHED,
+    UNPATCHED,
+    Layout,
+    start_pair,
+    start_vllm,
+    wait_all,
+)
+from ci.suites.pd_e2e import make_layout
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.facts import e2e_release
@@ -62,7 +69,7 @@ ONE_SERVER = "one server"
 class Arm:
     """What a round starts: its name in the tables, its build, its P/D case
     ("" for the one server) and whether each server of the pair runs
-    confined to its core (`ci/pd/pair.py`)."""
+    confined to its core (`ci/suites/pd/pair.py`)."""
 
     name: str
     build: str

@@ -1,8 +1,8 @@
 """Whether a longer NIXL lease keeps a loaded P/D pair from reading released
 blocks, and what it costs: the tiny Qwen3.5 hybrid's prefill and decode
 `vllm serve` over plain NixlConnector behind upstream's toy proxy
-(`ci/pd/pair.py`), the decode cache capped as in the CPU suite's load runs,
-`vllm bench serve` at concurrency 12 (`ci/pd/load.py`'s load run: the same
+(`ci/suites/pd/pair.py`), the decode cache capped as in the CPU suite's load runs,
+`vllm bench serve` at concurrency 12 (`ci/suites/pd/load.py`'s load run: the same
 verdict inputs, counted the same way).
 
 The prefill side keeps a finished request's KV for `kv_lease_duration`
@@ -27,10 +27,10 @@ import sys
 from contextlib import ExitStack
 from dataclasses import replace
 
-from ci.pd.cases import CASE_BY_KEY, DECODE_CAP_BLOCKS, HYBRID
-from ci.pd.load import WORKLOAD, LoadRun, run_load
-from ci.pd.pair import PATCHED, UNPATCHED, nixl_with_lease, start_pair
-from ci.pd_e2e import make_layout
+from ci.suites.pd.cases import CASE_BY_KEY, DECODE_CAP_BLOCKS, HYBRID
+from ci.suites.pd.load import WORKLOAD, LoadRun, run_load
+from ci.suites.pd.pair import PATCHED, UNPATCHED, nixl_with_lease, start_pair
+from ci.suites.pd_e2e import make_layout
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.facts import e2e_release

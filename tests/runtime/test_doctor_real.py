@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ci.hf_standin import Vocabulary, write_tokenizer
+from ci.fixtures.hf_standin import Vocabulary, write_tokenizer
 from vllm_overlay.doctor import diagnose
 from vllm_overlay.doctor.compat import NIXL_METADATA
 from vllm_overlay.doctor.findings import Finding, Severity

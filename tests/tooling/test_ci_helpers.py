@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from ci.harness import Counts, junit_counts, our_deselection_args
-from ci.pytest_runs import PLATFORM_VAR, pytest_command, pytest_environment
+from ci.suites.pytest_runs import PLATFORM_VAR, pytest_command, pytest_environment
 from vllm_overlay.errors import OverlayError
 
-PLUGINS = Path(__file__).resolve().parents[2] / "ci" / "pytest_plugins"
+PLUGINS = Path(__file__).resolve().parents[2] / "ci" / "suites" / "pytest_plugins"
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" errors="1" failures="2" skipped="3" tests="10">

@@ -1,11 +1,11 @@
-"""The deselection files (`ci/deselected.toml`, `tests/deselected.toml`):
+"""The deselection files (`ci/suites/deselected.toml`, `tests/deselected.toml`):
 entries name release ranges, and the files deselect exactly what they did
 when they listed releases one by one."""
 
 import pytest
 
 from ci.harness import our_deselection_args
-from ci.upstream_tests import collected_paths, deselection_args
+from ci.suites.upstream_tests import collected_paths, deselection_args
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.deselections import (

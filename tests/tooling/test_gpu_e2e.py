@@ -1,12 +1,12 @@
-"""The GPU driver (`ci/gpu_e2e.py`) on a machine without a GPU, and its
+"""The GPU driver (`ci/suites/gpu_e2e.py`) on a machine without a GPU, and its
 verdicts on single-server LMCache runs. Its servers need a GPU runner."""
 
 import shutil
 
 import pytest
 
-from ci import gpu_e2e
-from ci.gpu_e2e import (
+from ci.suites import gpu_e2e
+from ci.suites.gpu_e2e import (
     HYBRID,
     SLIDING,
     Single,
@@ -14,10 +14,10 @@ from ci.gpu_e2e import (
     judge_mp,
     judge_single,
 )
-from ci.pd.cases import UNIFY_REFUSAL, Run, checks
-from ci.pd.completions import Completion
-from ci.pd.metrics import DecodeCounts
-from ci.pd.pair import PATCHED, UNPATCHED
+from ci.suites.pd.cases import UNIFY_REFUSAL, Run, checks
+from ci.suites.pd.completions import Completion
+from ci.suites.pd.metrics import DecodeCounts
+from ci.suites.pd.pair import PATCHED, UNPATCHED
 from vllm_overlay.errors import OverlayError
 
 ANSWERS = [Completion((1, 2), (-1.0, -1.0), (1.0, 1.0))] * 2

@@ -1,4 +1,4 @@
-"""`ci/index_install.py`'s new virtualenv: it sees the release environment's
+"""`ci/suites/index_install.py`'s new virtualenv: it sees the release environment's
 dependency layer without vLLM, and pip in it never writes into that layer
 (the suite's install from the index runs in the CPU suite, for 0.32.0)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pip
 
-from ci import index_install
+from ci.suites import index_install
 from vllm_overlay.series.loader import release_series
 
 VERSION_DIR = f"python{sys.version_info.major}.{sys.version_info.minor}"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, run_cli, run_git
 
+from vllm_overlay.series.deselections import UPSTREAM_DESELECTIONS_FILE
 from vllm_overlay.series.model import parse_patch
 from vllm_overlay.track.history import (
     HISTORY_FILE,
@@ -247,8 +248,9 @@ def release_facts(project, since: str, deselections: str = "") -> Path:
     facts.write_text(
         f'upstream_tests = [{{ path = "{FACTS_TEST}", since = "{since}" }}]\n'
     )
-    (project.root / "ci").mkdir(exist_ok=True)
-    (project.root / "ci" / "deselected.toml").write_text(deselections)
+    upstream = project.root / UPSTREAM_DESELECTIONS_FILE
+    upstream.parent.mkdir(parents=True, exist_ok=True)
+    upstream.write_text(deselections)
     (project.root / "tests" / "deselected.toml").write_text("")
     return facts
 
@@ -344,7 +346,7 @@ def test_a_deselection_range_must_hold_a_pinned_release(project, bounds, problem
         f'[[deselect]]\ntest = "tests/a.py"\n{bounds}reason = "why"\n',
     )
     (found,) = lint(project.patches)
-    assert found.startswith(f"{project.root / 'ci' / 'deselected.toml'}: deselect")
+    assert found.startswith(f"{project.root / UPSTREAM_DESELECTIONS_FILE}: deselect")
     assert problem in found
 
 

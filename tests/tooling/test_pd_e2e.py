@@ -1,4 +1,4 @@
-"""The pure parts of the P/D end-to-end suite (`ci/pd_e2e.py`, `ci/pd/`):
+"""The pure parts of the P/D end-to-end suite (`ci/suites/pd_e2e.py`, `ci/suites/pd/`):
 reading a decode server's `/metrics`, reading completions, comparing them
 with the reference, and the verdicts. The servers themselves run in
 `tools/test.sh`."""
@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from ci.pd import pair as pair_module
-from ci.pd import receive
-from ci.pd.cases import (
+from ci.suites.pd import pair as pair_module
+from ci.suites.pd import receive
+from ci.suites.pd.cases import (
     CASE_BY_KEY,
     CASES,
     UNIFY_REFUSAL,
@@ -25,9 +25,9 @@ from ci.pd.cases import (
     compare_with_references,
     connector_name,
 )
-from ci.pd.completions import Completion, compare, make_prompts, parse_completion
-from ci.pd.metrics import DecodeCounts, decode_counts, metric_sum, parse_metrics
-from ci.pd.pair import DROP_IN, PATCHED, UNPATCHED, Layout, Pair, serve_command
+from ci.suites.pd.completions import Completion, compare, make_prompts, parse_completion
+from ci.suites.pd.metrics import DecodeCounts, decode_counts, metric_sum, parse_metrics
+from ci.suites.pd.pair import DROP_IN, PATCHED, UNPATCHED, Layout, Pair, serve_command
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.series.facts import pd_core_cases
 

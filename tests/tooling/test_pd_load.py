@@ -1,5 +1,5 @@
-"""The pure parts of the P/D load runs (`ci/pd/bench.py`, `ci/pd/load.py`,
-the streamed requests of `ci/pd/faults.py`): reading `vllm bench serve`'s
+"""The pure parts of the P/D load runs (`ci/suites/pd/bench.py`, `ci/suites/pd/load.py`,
+the streamed requests of `ci/suites/pd/faults.py`): reading `vllm bench serve`'s
 results JSON, the verdicts, and what became of a streamed request. The
 servers and `vllm bench serve` itself run in `tools/test.sh`."""
 
@@ -11,13 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from ci.pd.bench import BenchResult, Workload, percentile
-from ci.pd.cases import CASE_BY_KEY, FLOAT32_MODELS
-from ci.pd.completions import MAX_TOKENS
-from ci.pd.faults import FirstToken, stream, tally
-from ci.pd.load import LoadRun, checks, compare_with_yardsticks, negative_counters
-from ci.pd.metrics import DecodeCounts
-from ci.pd.pair import DROP_IN, PATCHED, UNPATCHED
+from ci.suites.pd.bench import BenchResult, Workload, percentile
+from ci.suites.pd.cases import CASE_BY_KEY, FLOAT32_MODELS
+from ci.suites.pd.completions import MAX_TOKENS
+from ci.suites.pd.faults import FirstToken, stream, tally
+from ci.suites.pd.load import (
+    LoadRun,
+    checks,
+    compare_with_yardsticks,
+    negative_counters,
+)
+from ci.suites.pd.metrics import DecodeCounts
+from ci.suites.pd.pair import DROP_IN, PATCHED, UNPATCHED
 from vllm_overlay.errors import OverlayError
 
 # Shaped like vLLM 0.32.0's `--save-detailed` results (serve.py:1280-1299),

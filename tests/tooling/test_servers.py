@@ -1,4 +1,4 @@
-"""`ci/servers.py`: the ports the end-to-end suites give their servers."""
+"""`ci/suites/servers.py`: the ports the end-to-end suites give their servers."""
 
 import os
 import signal
@@ -6,7 +6,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ci.servers import free_port, session_processes
+from ci.suites.servers import free_port, session_processes
 
 
 def test_free_ports_are_distinct_and_outside_the_ephemeral_range():

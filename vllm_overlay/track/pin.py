@@ -22,7 +22,7 @@ packages its environment takes at the version the release's own test
 requirements pin (`[test_env.pinned_as_tested]`): every package a pinned
 release takes so, the ones known to move past a release, recorded for the new
 release beside the others and announced, for the maintainer to keep or remove
-before committing. `ci/release_env.py` says when an environment still
+before committing. `ci/envs/release.py` says when an environment still
 resolved one of them to another version than the release was tested with.
 """
 

@@ -64,10 +64,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from ci.release_env import active_requirements, read_wheel
-from ci.servers import Server, free_port, server_environment
-from ci.tiny_model import ensure_tiny_model
-from ci.unpatched_env import is_vllm, site_packages
+from ci.envs.requirements import active_requirements, read_wheel
+from ci.envs.unpatched import is_vllm, site_packages
+from ci.fixtures.tiny_model import ensure_tiny_model
+from ci.suites.servers import Server, free_port, server_environment
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.facts import environment_facts, gdn_hybrid

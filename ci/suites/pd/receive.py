@@ -16,7 +16,7 @@ are gone.
 The patched build runs the rows with plain NixlConnector on the decode side
 and with MultiConnector[NixlConnector, LMCacheConnectorV1]. Upstream's rows
 (plain NixlConnector: it does not start the other layout for a hybrid) are
-printed, never judged, so the suite leaves them out; `python -m ci.pd_e2e
+printed, never judged, so the suite leaves them out; `python -m ci.suites.pd_e2e
 --upstream-receive` adds them (a minute and a half on 2 cores). The probes of
 nixl-decode-confirms-reads show upstream's failures on every run.
 
@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from http.client import HTTPException
 from pathlib import Path
 
-from ci.pd.cases import HYBRID, LMCACHE, Check, multi
-from ci.pd.completions import (
+from ci.suites.pd.cases import HYBRID, LMCACHE, Check, multi
+from ci.suites.pd.completions import (
     Completion,
     complete,
     completion_body,
@@ -54,9 +54,9 @@ from ci.pd.completions import (
     parse_completion,
     post,
 )
-from ci.pd.faults import prefill_only
-from ci.pd.load import INVALID_READ, count_lines, idle_usage
-from ci.pd.pair import (
+from ci.suites.pd.faults import prefill_only
+from ci.suites.pd.load import INVALID_READ, count_lines, idle_usage
+from ci.suites.pd.pair import (
     PATCHED,
     UNPATCHED,
     Layout,

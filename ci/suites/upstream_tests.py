@@ -5,9 +5,9 @@ Only the files we run and what they import are copied out of the sdist: pytest
 must not run inside the sdist tree, where `import vllm` would find the sdist's
 uncompiled sources instead of the wheel under test.
 
-Usage by hand (after `python -m ci.release_env` built the environment)::
+Usage by hand (after `python -m ci.envs.release` built the environment)::
 
-    python -m ci.upstream_tests 0.32.0 [--junit-xml report.xml]
+    python -m ci.suites.upstream_tests 0.32.0 [--junit-xml report.xml]
 """
 
 import argparse
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from ci.pytest_runs import (
+from ci.suites.pytest_runs import (
     PLATFORM_VAR,
     dist_under_test,
     pytest_command,
@@ -292,7 +292,7 @@ def run_upstream_tests(
 
 def main(argv: list[str] | None = None) -> int:
     """Run one release's upstream tests in its already built environment."""
-    from ci.hf_standin import write_hf_standin
+    from ci.fixtures.hf_standin import write_hf_standin
     from vllm_overlay.locations import cache_root
     from vllm_overlay.series.loader import release_series
     from vllm_overlay.series.pins import load_pins
@@ -317,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.release not in pins:
         raise OverlayError(f"{args.release} is not a pinned release")
     if not (venv / "bin" / "python").exists():
-        raise OverlayError(f"{venv} does not exist; run python -m ci.release_env first")
+        raise OverlayError(
+            f"{venv} does not exist; run python -m ci.envs.release first"
+        )
     sdist_tree = fetch_sdist_tree(pins[args.release], cache)
     hf_home = cache / "hf-standin"
     write_hf_standin(hf_home, venv / "bin" / "python")

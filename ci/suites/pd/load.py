@@ -1,4 +1,4 @@
-"""P/D under load: `vllm bench serve` (`ci/pd/bench.py`) through the pair's
+"""P/D under load: `vllm bench serve` (`ci/suites/pd/bench.py`) through the pair's
 proxy, many requests in flight, the decode server's KV cache capped so that
 requests queue for blocks, and what the servers show afterwards.
 
@@ -24,7 +24,7 @@ load run of a build we ship (patched, drop-in) fails on:
   prompt otherwise than one server does (a few outputs differ from it on
   every build alike), and batching on the decode side changes none of its
   tokens: its oracle is the unpatched pair's output on the same P/D path,
-  as for the sequential prompts (`ci/pd/cases.py`), unless that run read
+  as for the sequential prompts (`ci/suites/pd/cases.py`), unless that run read
   released blocks (`p_d_oracle`).
 
 The unpatched runs are upstream's behaviour under the same load: their
@@ -38,10 +38,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ci.pd.bench import BenchResult, Workload, run_bench
-from ci.pd.cases import Case, Check
-from ci.pd.metrics import DecodeCounts, Sample, decode_counts, metric_sum, scrape
-from ci.pd.pair import DROP_IN, PATCHED, UNPATCHED, Layout, Pair
+from ci.suites.pd.bench import BenchResult, Workload, run_bench
+from ci.suites.pd.cases import Case, Check
+from ci.suites.pd.metrics import DecodeCounts, Sample, decode_counts, metric_sum, scrape
+from ci.suites.pd.pair import DROP_IN, PATCHED, UNPATCHED, Layout, Pair
 
 # The suite's workload: 48 requests with a shared prefix of three hybrid
 # blocks (384 tokens each on a CPU), 8 at a time, against a decode cache

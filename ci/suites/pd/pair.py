@@ -9,7 +9,7 @@ every prompt token its local prefix cache lacks (nixl/pull_scheduler.py:
 its own, the whole server and not only its model (see `start_vllm`): two
 engines spinning on the same two cores starve each other's transfers. Every
 process runs in a session of its own and is stopped by its id
-(`ci/servers.py`), whatever happens.
+(`ci/suites/servers.py`), whatever happens.
 """
 
 import json
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from http.client import HTTPException
 from pathlib import Path
 
-from ci.pd.completions import complete, make_prompts
-from ci.servers import Server, free_port, server_environment
+from ci.suites.pd.completions import complete, make_prompts
+from ci.suites.servers import Server, free_port, server_environment
 from vllm_overlay.errors import OverlayError
 
 # VLLM_CPU_OMP_THREADS_BIND of the two servers of a pair: a core each.

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ci.servers import server_environment
+from ci.suites.servers import server_environment
 from vllm_overlay.errors import OverlayError
 
 # A run that has not ended by then is stuck; the P/D pairs of this suite

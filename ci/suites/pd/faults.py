@@ -25,7 +25,7 @@ And under load, against the capped decode cache of the case's load run:
    server's KV cache empties, and it serves on (case 3).
 
 The receive paths (late, retried, unknown references) have pairs of their
-own: `ci/pd/receive.py`.
+own: `ci/suites/pd/receive.py`.
 
 With vLLM's default `kv_load_failure_policy` ("fail", config/kv_transfer.py
 in 0.32.0) a failed pull ends the request with an error; NIXL gives up a
@@ -42,8 +42,8 @@ from contextlib import ExitStack
 from http.client import HTTPException
 from pathlib import Path
 
-from ci.pd.cases import CASE_BY_KEY, Check
-from ci.pd.completions import (
+from ci.suites.pd.cases import CASE_BY_KEY, Check
+from ci.suites.pd.completions import (
     MAX_TOKENS,
     REQUEST_TIMEOUT_S,
     complete,
@@ -52,9 +52,9 @@ from ci.pd.completions import (
     parse_completion,
     post,
 )
-from ci.pd.load import IDLE_TIMEOUT_S, idle_usage
-from ci.pd.pair import PATCHED, Layout, Pair, start_pair
-from ci.servers import free_port
+from ci.suites.pd.load import IDLE_TIMEOUT_S, idle_usage
+from ci.suites.pd.pair import PATCHED, Layout, Pair, start_pair
+from ci.suites.servers import free_port
 from vllm_overlay.errors import OverlayError
 
 CASE = CASE_BY_KEY["hybrid-multi"]
