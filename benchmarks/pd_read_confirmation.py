@@ -39,6 +39,7 @@ from benchmarks.pd_decode_reuse import (
 )
 from ci.suites.pd.bench import Workload
 from ci.suites.pd.pair import PATCHED
+from vllm_overlay import cache_layout
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.facts import e2e_release
@@ -59,13 +60,13 @@ def previous_env(release: str, wheel: Path) -> Path:
     wheel installed in it."""
     if not wheel.is_file():
         raise OverlayError(f"--previous-wheel: {wheel} is not a file")
-    release_env = cache_root() / "envs" / release
+    release_env = cache_layout.release_env(cache_root(), release)
     release_python = release_env / "bin" / "python"
     if not release_python.is_file():
         raise OverlayError(
             f"no test environment at {release_env}: run tools/test.sh {release}"
         )
-    env = cache_root() / "envs" / f"{release}-previous"
+    env = cache_layout.previous_env(cache_root(), release)
     subprocess.run([str(release_python), "-m", "venv", "--clear", str(env)], check=True)
     [own_site] = (env / "lib").glob("python3*/site-packages")
     [release_site] = (release_env / "lib").glob("python3*/site-packages")

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_overlay import cache_layout
 from vllm_overlay.locations import REPO_ROOT, cache_root
 from vllm_overlay.runtime import source_overlay
 from vllm_overlay.runtime.installed import installed_vllm
@@ -270,7 +271,7 @@ def main() -> None:
     if args.worker:
         worker(args.worker, args.steps, args.workload)
         return
-    python = cache_root() / "envs" / args.release / "bin" / "python"
+    python = cache_layout.release_env(cache_root(), args.release) / "bin" / "python"
     if not python.exists():
         sys.exit(f"{python} does not exist; run tools/test.sh {args.release} first")
     print(

@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from vllm_overlay import cache_layout
 from vllm_overlay.locations import REPO_ROOT, cache_root
 from vllm_overlay.runtime.propagate import ENVIRONMENT_VARIABLE
 from vllm_overlay.series.facts import e2e_release
@@ -68,7 +69,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--cold-runs", type=int, default=5)
     args = parser.parse_args()
-    python = cache_root() / "serve-e2e" / "envs" / args.release / "bin" / "python"
+    python = cache_layout.unpatched_envs(cache_root()) / args.release / "bin" / "python"
     if not python.exists():
         sys.exit(f"{python} does not exist; run python -m ci.suites.serve_e2e first")
     bare = base_environment()

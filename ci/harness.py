@@ -63,7 +63,8 @@ from ci.suites.upstream_tests import (
     run_upstream_tests,
     upstream_test_environment,
 )
-from vllm_overlay.errors import OverlayError, report_error
+from vllm_overlay import cache_layout
+from vllm_overlay.errors import OverlayError, exit_status, report_error
 from vllm_overlay.locations import REPO_ROOT, cache_root, patches_root
 from vllm_overlay.series.deselections import OUR_DESELECTIONS_FILE, deselected_on
 from vllm_overlay.series.facts import FACTS_FILE, pd_core_cases, serve_e2e_releases
@@ -335,7 +336,9 @@ def _release_steps(outcome: Outcome, cache: Path, reports: Path) -> None:
     with step(outcome, WHEEL):
         series = release_series(version)
         outcome.dist = dist_under_test(series)
-        outcome.wheel = build_release(series, outcome.dist, cache / "patched" / version)
+        outcome.wheel = build_release(
+            series, outcome.dist, cache_layout.patched_wheels(cache, version)
+        )
     if outcome.dist is None:
         return  # no series: nothing else has anything to test
     dist = outcome.dist
@@ -350,7 +353,7 @@ def _release_steps(outcome: Outcome, cache: Path, reports: Path) -> None:
     # checked against the sdist here.
     with step(outcome, UPSTREAM):
         prepared = prepare_upstream_tests(
-            version, sdist, cache / "upstream-tests" / version
+            version, sdist, cache_layout.upstream_tests(cache, version)
         )
         patch_upstream_tests(series, prepared)
         tests_dir = prepared
@@ -359,7 +362,7 @@ def _release_steps(outcome: Outcome, cache: Path, reports: Path) -> None:
     with step(outcome, ENVIRONMENT):
         made = ensure_release_env(version, outcome.wheel, sdist, cache)
         outcome.host_cpu = host_cpu(made)
-        hf_home = cache / "hf-standin"
+        hf_home = cache_layout.hf_standin(cache)
         write_hf_standin(hf_home, made / "bin" / "python")
         env = upstream_test_environment(version, cache, hf_home, dist)
         if check_installed(made, series, dist):
@@ -505,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     cache = cache_root()
-    reports = cache / "reports"
+    reports = cache_layout.reports(cache)
     reports.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     if args.release_only:
@@ -526,4 +529,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_status(main))

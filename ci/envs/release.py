@@ -42,7 +42,7 @@ from ci.envs.requirements import (
     torch_file,
     torch_pins,
 )
-from vllm_overlay import atomic
+from vllm_overlay import atomic, cache_layout
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.facts import (
@@ -83,11 +83,11 @@ def ensure_release_env(
     if not wheel.is_file():
         raise OverlayError(f"wheel {wheel} does not exist")
     info = read_wheel(wheel)
-    venv = cache / "envs" / release
+    venv = cache_layout.release_env(cache, release)
     facts = environment_facts()
     requirements = dependency_requirements(release, info, sdist_tree, facts)
     layer_key = dependency_key(release, info, requirements, facts)
-    with exclusive(cache / "envs" / f".{release}.lock"):
+    with exclusive(cache_layout.release_env_lock(cache, release)):
         stamp = read_stamp(venv)
         if stamp.get("layer") == layer_key and stamp.get("wheel") == info.sha256:
             _progress(release, f"reusing {venv}")

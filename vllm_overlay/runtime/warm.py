@@ -24,7 +24,7 @@ import json
 import os
 from pathlib import Path
 
-from vllm_overlay import atomic
+from vllm_overlay import atomic, cache_layout
 from vllm_overlay.series.manifest import MANIFEST_PATH, vllm_package_dir
 
 RECORD_FORMAT = 2
@@ -110,7 +110,7 @@ def save_activation(
 
 def _record_path(cache: Path, package_dir: Path) -> Path:
     name = hashlib.sha256(str(package_dir).encode()).hexdigest()[:16]
-    return cache / "serve" / "activations" / f"{name}.json"
+    return cache_layout.activations(cache) / f"{name}.json"
 
 
 def _key(series_root: Path, package_dir: Path) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_overlay import cache_layout
 from vllm_overlay.locations import cache_root
 from vllm_overlay.runtime import source_overlay
 from vllm_overlay.series.manifest import read_installed_manifest
@@ -34,7 +35,7 @@ def pristine_sources(
     of `relatives`, read from the pinned source wheel the manifest names
     (re-verified against its sha256)."""
     source = manifest["source"]
-    wheel = cache_root() / "wheels" / source["filename"]
+    wheel = cache_layout.wheels(cache_root()) / source["filename"]
     if not wheel.is_file() or sha256_of(wheel) != source["sha256"]:
         raise pytest.UsageError(
             f"the pinned source wheel {source['filename']} is not in the cache "

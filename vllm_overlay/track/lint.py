@@ -38,6 +38,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from vllm_overlay import cache_layout
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.git import git_run
 from vllm_overlay.locations import PINS_FILE, cache_root
@@ -345,7 +346,8 @@ def application_problems(checkout: Checkout) -> list[str]:
         if sources is None:
             _skipped(
                 f"zero-fuzz application to vLLM {version}",
-                f"its sources are not cached ({cache / 'sources' / f'vllm-{version}'})",
+                f"its sources are not cached "
+                f"({cache_layout.sdist_tree(cache, version)})",
             )
             continue
         try:

@@ -41,7 +41,7 @@ import tomli_w
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from vllm_overlay import atomic
+from vllm_overlay import atomic, cache_layout
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.locking import exclusive
@@ -126,9 +126,9 @@ def pin_release(
         if as_tested is not None:
             atomic.write_text(root / FACTS_FILE, as_tested.text)
             print(as_tested.announcement, file=sys.stderr)
-        with exclusive(cache / "wheels"):
+        with exclusive(cache_layout.wheels(cache)):
             for _, wheel, _ in wheels:
-                os.replace(wheel, cache / "wheels" / wheel.name)
+                os.replace(wheel, cache_layout.wheels(cache) / wheel.name)
     return pin
 
 

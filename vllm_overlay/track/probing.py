@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from vllm_overlay import cache_layout
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.model import Series
 from vllm_overlay.upstream.fetch import last_error_line
@@ -50,7 +51,7 @@ def env_python(release: str, cache: Path) -> Path | None:
     """The python of the release's cached test environment, if it holds a
     patched build of that very release (an environment left from another
     release, or a half-built one, would give verdicts about the wrong files)."""
-    python = cache / "envs" / release / "bin" / "python"
+    python = cache_layout.release_env(cache, release) / "bin" / "python"
     if not python.is_file():
         return None
     proc = subprocess.run(

@@ -65,7 +65,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay import atomic
+from vllm_overlay import atomic, cache_layout
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.git import git_run
 from vllm_overlay.locations import cache_root, patches_root
@@ -305,8 +305,8 @@ def download_unpinned(version: str, cache: Path) -> Path:
     No sha256 is pinned for it, so the output calls the release "unpinned";
     the wheel is only read, never built from.
     """
-    target = cache / "unpinned" / f"vllm-{version}"
-    with exclusive(cache / "unpinned"):
+    target = cache_layout.unpinned(cache) / f"vllm-{version}"
+    with exclusive(cache_layout.unpinned(cache)):
         cached = sorted(target.glob("*.whl"))
         if cached:
             return cached[0]

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_overlay import cache_layout
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.pins import Dist, ReleasePin
@@ -88,8 +89,8 @@ def fetch_wheel(release: ReleasePin, dist: Dist, cache: Path) -> SourceWheel:
     """The release's pinned `dist` wheel that installs here, from the cache
     or downloaded into it; always verified."""
     wheel = release.wheel_for(dist)
-    target = cache / "wheels" / wheel.filename
-    with exclusive(cache / "wheels"):
+    target = cache_layout.wheels(cache) / wheel.filename
+    with exclusive(cache_layout.wheels(cache)):
         if target.exists():
             if sha256_of(target) == wheel.sha256:
                 return SourceWheel(target, wheel.sha256, dist)
@@ -124,7 +125,7 @@ def cached_sdist_tree(release: ReleasePin, cache: Path) -> Path | None:
     """The unpacked tree of the release's pinned sdist if the cache holds it
     whole (its marker, written last, names the pinned sha256), else None;
     never downloads."""
-    target = cache / "sources" / f"vllm-{release.version}"
+    target = cache_layout.sdist_tree(cache, release.version)
     marker = target / _SDIST_MARKER
     if marker.is_file() and marker.read_text().strip() == release.sdist.sha256:
         return target
@@ -139,10 +140,10 @@ def fetch_sdist_tree(release: ReleasePin, cache: Path) -> Path:
     the metadata step (vLLM's build needs CUDA tooling): that failure is
     expected, and the unpacked tree it leaves behind is what we keep.
     """
-    target = cache / "sources" / f"vllm-{release.version}"
+    target = cache_layout.sdist_tree(cache, release.version)
     marker = target / _SDIST_MARKER
     sha256 = release.sdist.sha256
-    with exclusive(cache / "sources"):
+    with exclusive(cache_layout.sources(cache)):
         if cached_sdist_tree(release, cache) is not None:
             return target
         shutil.rmtree(target, ignore_errors=True)
