@@ -74,7 +74,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from http.client import HTTPException
 from pathlib import Path
 
@@ -88,14 +88,21 @@ from ci.suites.pd.cases import (
     LMCACHE,
     MAMBA2,
     TABLE_HEADER,
-    UNIFY_REFUSAL,
     Case,
     Check,
+    Run,
     checks,
     multi,
 )
-from ci.suites.pd.completions import Completion, complete, make_prompts
-from ci.suites.pd.metrics import DecodeCounts, decode_counts, scrape, settled_metrics
+from ci.suites.pd.completions import complete, make_prompts
+from ci.suites.pd.gpu_verdicts import (
+    HYBRID,
+    SLIDING,
+    Single,
+    judge_mp,
+    judge_single,
+)
+from ci.suites.pd.metrics import decode_counts, scrape, settled_metrics
 from ci.suites.pd.pair import PATCHED, UNPATCHED, Layout, start, start_vllm, wait_all
 from ci.suites.pd_e2e import TOY_PROXY, run_case
 from ci.suites.servers import Server, free_port, server_environment
@@ -104,12 +111,11 @@ from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.facts import environment_facts, gdn_hybrid
 from vllm_overlay.series.loader import pinned_releases, release_series
+from vllm_overlay.series.model import Series
 from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.wheel.builder import build_release
 
-# HYBRID names a role: the release's Gated DeltaNet hybrid (`gdn_hybrid`).
-HYBRID, SLIDING = "gdn-hybrid", "tiny-gemma3"
 NIXL_GPU: dict[str, object] = {
     "kv_connector": "NixlConnector",
     "kv_role": "kv_both",
@@ -192,7 +198,7 @@ def ensure_env(release: str, cache: Path) -> Path:
     with its dependencies from the index, lmcache 0.5.6 and the `nixl` meta
     package with theirs (on a GPU they are the real ones), as a user installs
     them. NIXL is taken at the version of the release's CPU environment
-    (`ci.envs.release.nixl_file`: 1.5.0 for 0.33.0, which refuses older);
+    (`ci.envs.requirements.nixl_file`: 1.5.0 for 0.33.0, which refuses older);
     with its dependencies it brings both of its CUDA builds, so its module
     finds the one for the CUDA major of the release's torch (13 for every
     pinned release's PyPI torch)."""
@@ -219,15 +225,6 @@ def nixl_pin(release: str) -> str:
 def install(venv: Path, wheel: Path) -> None:
     """Put `wheel` in place of the installed vLLM, as README tells users."""
     _pip(venv, "install", "--no-deps", "--force-reinstall", str(wheel))
-
-
-@dataclass
-class Single:
-    """One single-server run: the repeated prompt's answers and counts."""
-
-    completions: list[Completion]
-    first: DecodeCounts
-    repeat: DecodeCounts
 
 
 def run_single(
@@ -342,107 +339,91 @@ def run_lmcache_mp(
         return f"{log.read_text(errors='replace') if log.exists() else ''}\n{exc}"
 
 
-def counts_as_upstream(what: str, patched: Single, upstream: Single) -> Check:
-    """The patched build's repeated request counted and answered as the
-    unpatched release's: a connector no patch is about stays upstream's."""
-    return Check(
-        f"gpu: {what} counts as upstream (scope)",
-        patched.repeat.same_tokens(upstream.repeat)
-        and patched.completions == upstream.completions,
-        f"{patched.repeat.external_hits} vs {upstream.repeat.external_hits} "
-        "external hits",
+def layouts(series: Series, cache: Path, venv: Path) -> tuple[Layout, Layout]:
+    """Where the single-server cases and the P/D pairs of `series`' release
+    run: one environment for both builds (the patched wheel is installed
+    over the unpatched one between them), the tiny models, the logs."""
+    release = series.release.version
+    folders = cache_layout.gpu_e2e(cache)
+    checkpoints = {
+        HYBRID: gdn_hybrid(release),
+        SLIDING: SLIDING,
+        **{c.model: c.model for c in pd_cases(release) if c.model != HYBRID},
+    }
+    layout = Layout(
+        envs={UNPATCHED: venv, PATCHED: venv},
+        models={
+            role: ensure_tiny_model(name, folders.models, venv / "bin" / "python")
+            for role, name in checkpoints.items()
+        },
+        proxy=fetch_sdist_tree(series.release, cache) / TOY_PROXY,
+        logs=folders.logs / release,
+        vllm_cache=folders.vllm_cache,
+        serve_args=GPU_SERVE_ARGS,
+        extra_env=LMCACHE_ENV,
     )
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    pd_layout = replace(
+        layout,
+        serve_args=PD_SERVE_ARGS,
+        model_args=SEED_MODEL_ARGS,
+        extra_env={**layout.extra_env, **pd_env(release)},
+    )
+    return layout, pd_layout
 
 
-def judge_mp(
-    runs: dict[tuple[str, str, bool], Single | str], mp: dict[str, Single | str]
-) -> list[Check]:
-    """LMCacheMPConnector on the hybrid: hits on the repeated prompt, the
-    output of the server without a connector, and the patched build counting
-    what upstream counts (no patch touches it)."""
-    plain, patched, upstream = runs[PATCHED, HYBRID, False], mp[PATCHED], mp[UNPATCHED]
-    for label, run in (("no connector", plain), ("LMCacheMPConnector", patched)):
-        if isinstance(run, str):
-            return [Check(f"gpu: {HYBRID}: patched, {label}", False, run[-300:])]
-    hits = patched.repeat.external_hits
-    results = [
-        Check(
-            f"gpu: {HYBRID}: LMCacheMPConnector hits on the repeat",
-            hits > 0,
-            f"{hits} external hits",
-        ),
-        Check(
-            f"gpu: {HYBRID}: LMCacheMPConnector output = no connector",
-            patched.completions == plain.completions,
-            f"repeat TTFT {patched.repeat.mean_ttft_s * 1e3:.1f} ms, "
-            f"{plain.repeat.mean_ttft_s * 1e3:.1f} ms without",
-        ),
-    ]
-    if isinstance(upstream, str):
-        results.append(
-            Check(
-                f"gpu: {HYBRID}: unpatched, LMCacheMPConnector", False, upstream[-300:]
-            )
-        )
-    else:
-        results.append(
-            counts_as_upstream(f"{HYBRID}: LMCacheMPConnector", patched, upstream)
-        )
+@dataclass
+class Results:
+    """What the GPU cases gave: the P/D runs, their load runs, the verdicts."""
+
+    runs: list[Run] = field(default_factory=list)
+    loads: list[load.LoadRun] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+    def report(self) -> None:
+        print(TABLE_HEADER)
+        for run in self.runs:
+            print(run.row())
+        print(f"\nUnder load: {load.SEED_WORKLOAD.describe()}.")
+        print(load.LOAD_TABLE_HEADER)
+        for load_run in self.loads:
+            print(load_run.row(None))
+        for result in self.checks:
+            print(result)
+
+
+def run_gpu_cases(series: Series, cache: Path) -> Results:
+    """Every case of the module docstring on the unpatched release, then on
+    its patched build installed over it, and their verdicts."""
+    pin = series.release
+    venv = ensure_env(pin.version, cache)
+    layout, pd_layout = layouts(series, cache, venv)
+    prompts = make_prompts()
+    results = Results()
+    singles: dict[tuple[str, str, bool], Single | str] = {}
+    mp: dict[str, Single | str] = {}
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-gpu-") as tmp:
+        wheels = {
+            UNPATCHED: fetch_wheel(pin, Dist.VLLM, cache).path,
+            PATCHED: build_release(series, Dist.VLLM, Path(tmp)),
+        }
+        for build in (UNPATCHED, PATCHED):
+            install(venv, wheels[build])
+            for case in pd_cases(pin.version):
+                run, load_run = run_case(
+                    pd_layout, build, case, prompts, load.SEED_WORKLOAD
+                )
+                results.runs.append(run)
+                if load_run is not None:
+                    results.loads.append(load_run)
+            singles.update(single_runs(layout, build, prompts[0]))
+            plain_log = layout.logs / f"{build}-single-{HYBRID}-plain.log"
+            mp[build] = run_lmcache_mp(layout, build, prompts[0], plain_log)
+    results.checks = checks(results.runs) + load.checks(results.loads, exact_models=())
+    for model in (HYBRID, SLIDING):
+        results.checks += judge_single(model, singles)
+    results.checks += judge_mp(singles, mp)
     return results
-
-
-def judge_single(
-    model: str, runs: dict[tuple[str, str, bool], Single | str]
-) -> list[Check]:
-    """The verdicts of one model's single-server runs (see the docstring)."""
-    plain, lm = runs[PATCHED, model, False], runs[PATCHED, model, True]
-    upstream = runs[UNPATCHED, model, True]
-    out = []
-    if model == HYBRID:
-        out.append(
-            Check(
-                "gpu: unpatched LMCacheConnectorV1 on a hybrid refused (control)",
-                isinstance(upstream, str) and UNIFY_REFUSAL in upstream,
-                "refused" if isinstance(upstream, str) else "it started",
-            )
-        )
-    for label, run in (
-        ("patched, no connector", plain),
-        ("patched, LMCacheConnectorV1", lm),
-    ):
-        if isinstance(run, str):
-            return [*out, Check(f"gpu: {model}: {label}", False, run[-300:])]
-    hits = lm.repeat.external_hits
-    ttft = (
-        f"repeat TTFT {lm.repeat.mean_ttft_s * 1e3:.1f} ms, "
-        f"{plain.repeat.mean_ttft_s * 1e3:.1f} ms without"
-    )
-    out.append(
-        Check(
-            f"gpu: {model}: LMCache output = no connector",
-            lm.completions == plain.completions,
-            ttft,
-        )
-    )
-    if model == HYBRID:
-        out.append(
-            Check(
-                f"gpu: {model}: zero LMCache hits (inert)",
-                hits == 0,
-                f"{hits} external hits",
-            )
-        )
-    else:
-        out.append(
-            Check(
-                f"gpu: {model}: LMCache hits on the repeat",
-                hits > 0,
-                f"{hits} external hits",
-            )
-        )
-        if not isinstance(upstream, str):
-            out.append(counts_as_upstream(f"{model}: LMCache", lm, upstream))
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -461,76 +442,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vllm-overlay: GPU end to end skipped: {missing}; no GPU case ran")
         return 1 if args.require_gpu else 0
     started = time.monotonic()
-    cache = cache_root()
-    folders = cache_layout.gpu_e2e(cache)
     try:
-        series = release_series(args.release)
-        pin = series.release
-        release = pin.version
-        venv = ensure_env(release, cache)
-        cases = pd_cases(release)
-        checkpoints = {
-            HYBRID: gdn_hybrid(release),
-            SLIDING: SLIDING,
-            **{case.model: case.model for case in cases if case.model != HYBRID},
-        }
-        layout = Layout(
-            envs={UNPATCHED: venv, PATCHED: venv},
-            models={
-                role: ensure_tiny_model(name, folders.models, venv / "bin" / "python")
-                for role, name in checkpoints.items()
-            },
-            proxy=fetch_sdist_tree(pin, cache) / TOY_PROXY,
-            logs=folders.logs / release,
-            vllm_cache=folders.vllm_cache,
-            serve_args=GPU_SERVE_ARGS,
-            extra_env=LMCACHE_ENV,
-        )
-        layout.logs.mkdir(parents=True, exist_ok=True)
-        pd_layout = replace(
-            layout,
-            serve_args=PD_SERVE_ARGS,
-            model_args=SEED_MODEL_ARGS,
-            extra_env={**layout.extra_env, **pd_env(release)},
-        )
-        prompts = make_prompts()
-        runs, loads, singles = [], [], {}
-        with tempfile.TemporaryDirectory(prefix="vllm-overlay-gpu-") as tmp:
-            wheels = {
-                UNPATCHED: fetch_wheel(pin, Dist.VLLM, cache).path,
-                PATCHED: build_release(series, Dist.VLLM, Path(tmp)),
-            }
-            mp: dict[str, Single | str] = {}
-            for build in (UNPATCHED, PATCHED):
-                install(venv, wheels[build])
-                for case in cases:
-                    run, load_run = run_case(
-                        pd_layout, build, case, prompts, load.SEED_WORKLOAD
-                    )
-                    runs.append(run)
-                    if load_run is not None:
-                        loads.append(load_run)
-                singles.update(single_runs(layout, build, prompts[0]))
-                plain_log = layout.logs / f"{build}-single-{HYBRID}-plain.log"
-                mp[build] = run_lmcache_mp(layout, build, prompts[0], plain_log)
-        results = checks(runs) + load.checks(loads, exact_models=())
-        for model in (HYBRID, SLIDING):
-            results += judge_single(model, singles)
-        results += judge_mp(singles, mp)
+        results = run_gpu_cases(release_series(args.release), cache_root())
     except OverlayError as exc:
         report_error(exc)
         return 1
-    print(TABLE_HEADER)
-    for run in runs:
-        print(run.row())
-    print(f"\nUnder load: {load.SEED_WORKLOAD.describe()}.")
-    print(load.LOAD_TABLE_HEADER)
-    for load_run in loads:
-        print(load_run.row(None))
-    for result in results:
-        print(result)
+    results.report()
     print(f"wall time: {time.monotonic() - started:.0f}s")
-    return 0 if all(r.ok for r in results) else 1
+    return 0 if all(r.ok for r in results.checks) else 1
 
 
 if __name__ == "__main__":

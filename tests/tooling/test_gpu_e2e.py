@@ -1,24 +1,20 @@
 """The GPU driver (`ci/suites/gpu_e2e.py`) on a machine without a GPU, and its
-verdicts on single-server LMCache runs. Its servers need a GPU runner."""
+verdicts on single-server LMCache runs (`ci/suites/pd/gpu_verdicts.py`). Its
+servers need a GPU runner."""
 
 import shutil
 
 import pytest
 
 from ci.suites import gpu_e2e
-from ci.suites.gpu_e2e import (
-    HYBRID,
-    SLIDING,
-    Single,
-    hybrid_block_size,
-    judge_mp,
-    judge_single,
-)
+from ci.suites.gpu_e2e import hybrid_block_size
 from ci.suites.pd.cases import UNIFY_REFUSAL, Run, checks
 from ci.suites.pd.completions import Completion
+from ci.suites.pd.gpu_verdicts import HYBRID, SLIDING, Single, judge_mp, judge_single
 from ci.suites.pd.metrics import DecodeCounts
 from ci.suites.pd.pair import PATCHED, UNPATCHED
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.series.loader import release_series
 
 ANSWERS = [Completion((1, 2), (-1.0, -1.0), (1.0, 1.0))] * 2
 
@@ -158,3 +154,35 @@ def test_seed_reuse_verdicts_fail_an_unpatched_reuse_and_a_patched_re_pull() -> 
     assert [c.name for c in checks(bad) if not c.ok] == [
         "patched: 0.22.1's MultiConnector reuses as its NixlConnector does"
     ]
+
+
+def test_the_layouts_give_each_role_its_model_and_the_pairs_their_settings(
+    tmp_path, monkeypatch
+) -> None:
+    """0.22.1: the hybrid role is Qwen3-Next, the seed's Mamba2 model is
+    made for its pairs, and only the pairs serve long prompts in Mamba "all"
+    mode with the conv state dim-first; LMCache's settings reach both."""
+    made = []
+
+    def tiny_model(name, models, python):
+        made.append(name)
+        return models / name
+
+    monkeypatch.setattr(gpu_e2e, "ensure_tiny_model", tiny_model)
+    monkeypatch.setattr(gpu_e2e, "fetch_sdist_tree", lambda pin, cache: tmp_path)
+    venv = tmp_path / "venv"
+    single, pairs = gpu_e2e.layouts(release_series("0.22.1"), tmp_path, venv)
+    models = tmp_path / "gpu-e2e" / "models"
+    assert single.models == {
+        HYBRID: models / "tiny-qwen3-next",
+        SLIDING: models / SLIDING,
+        "tiny-nemotron-h": models / "tiny-nemotron-h",
+    }
+    assert sorted(made) == ["tiny-gemma3", "tiny-nemotron-h", "tiny-qwen3-next"]
+    assert single.logs == tmp_path / "gpu-e2e" / "logs" / "0.22.1"
+    assert single.logs.is_dir() and single.envs == {PATCHED: venv, UNPATCHED: venv}
+    assert single.serve_args == gpu_e2e.GPU_SERVE_ARGS and single.model_args == {}
+    assert pairs.serve_args == gpu_e2e.PD_SERVE_ARGS
+    assert pairs.model_args == gpu_e2e.SEED_MODEL_ARGS
+    assert pairs.extra_env == {**gpu_e2e.LMCACHE_ENV, **gpu_e2e.SEED_ENV}
+    assert single.extra_env == gpu_e2e.LMCACHE_ENV
