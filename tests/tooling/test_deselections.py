@@ -4,7 +4,7 @@ when they listed releases one by one."""
 
 import pytest
 
-from ci.harness import our_deselection_args
+from ci.suites.pytest_runs import our_deselection_args
 from ci.suites.upstream_tests import collected_paths, deselection_args
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT

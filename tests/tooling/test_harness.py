@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from ci import harness
+from ci.suites.pytest_runs import Counts
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.series.pins import Dist
 
@@ -93,7 +94,7 @@ def steps(tmp_path, monkeypatch):
 
 def summary(capsys, outcome) -> list[str]:
     capsys.readouterr()
-    harness.print_summary([outcome], [], harness.Counts(), 60.0)
+    harness.print_summary([outcome], [], Counts(), 60.0)
     return capsys.readouterr().out.splitlines()[3:-1]
 
 
@@ -183,7 +184,7 @@ def whole_run(tmp_path, monkeypatch):
 
     def static_checks(reports):
         called.append("static checks")
-        return [], harness.Counts(passed=599)
+        return [], Counts(passed=599)
 
     def release_steps(version, cache, reports):
         called.append(version)
