@@ -57,6 +57,8 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import RequestStatus
 
+from ci.fixtures.tiny_configs import qwen3_5_text
+
 try:  # 0.33.0 moved KV cache planning out of kv_cache_utils.
     from vllm.v1.core.kv_cache_planning import get_kv_cache_groups
 except ImportError:
@@ -97,17 +99,7 @@ _COMMON_CONFIG: dict[str, Any] = {
 }
 # Qwen3.5's layout: three GatedDeltaNet (linear attention) layers per
 # full-attention layer.
-QWEN3_5_CONFIG = {
-    **_COMMON_CONFIG,
-    "architectures": ["Qwen3_5ForCausalLM"],
-    "model_type": "qwen3_5_text",
-    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-    "linear_num_key_heads": 1,
-    "linear_num_value_heads": 1,
-    "linear_key_head_dim": 32,
-    "linear_value_head_dim": 32,
-    "linear_conv_kernel_dim": 4,
-}
+QWEN3_5_CONFIG = qwen3_5_text(_COMMON_CONFIG, key_heads=1, value_heads=1, head_dim=32)
 HYBRID_CONFIG = text_hybrid_config(QWEN3_5_CONFIG)
 # Gemma 3's layout: sliding-window layers with a global one.
 GEMMA3_CONFIG = {

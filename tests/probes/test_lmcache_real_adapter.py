@@ -82,6 +82,8 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import RequestStatus
 
+from ci.fixtures.tiny_configs import qwen3_5_text
+
 try:
     from vllm.v1.worker.utils import allocate_kv_cache
 except ImportError:  # 0.22.1: allocation is GPUModelRunner's own (see `allocate`)
@@ -119,19 +121,7 @@ TINY_WIDTHS: dict[str, Any] = {
 }
 # Qwen/Qwen3.5-0.8B's layers: 24, three Gated DeltaNet (linear attention)
 # layers to one full-attention layer.
-QWEN3_5 = {
-    **TINY_WIDTHS,
-    "architectures": ["Qwen3_5ForCausalLM"],
-    "model_type": "qwen3_5_text",
-    "num_hidden_layers": 24,
-    "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 6,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 2,
-    "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16,
-    "linear_conv_kernel_dim": 4,
-    "eos_token_id": 2,
-}
+QWEN3_5 = qwen3_5_text({**TINY_WIDTHS, "eos_token_id": 2}, groups=6, head_dim=16)
 HYBRID = text_hybrid_config(QWEN3_5)
 # google/gemma-3-1b-it's layers: 26, five sliding-window (512 tokens) layers
 # to one global layer.

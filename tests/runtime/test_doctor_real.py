@@ -30,6 +30,7 @@ import pytest
 import torch
 
 from ci.fixtures.hf_standin import Vocabulary, write_tokenizer
+from ci.fixtures.tiny_configs import qwen3_5_text
 from vllm_overlay.doctor import diagnose
 from vllm_overlay.doctor.compat import NIXL_METADATA
 from vllm_overlay.doctor.findings import Finding, Severity
@@ -76,18 +77,7 @@ COMMON = {
     "torch_dtype": "bfloat16",
     "eos_token_id": 2047,
 }
-QWEN35 = {
-    **COMMON,
-    "architectures": ["Qwen3_5ForCausalLM"],
-    "model_type": "qwen3_5_text",
-    "num_hidden_layers": 4,
-    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_key_head_dim": 32,
-    "linear_value_head_dim": 32,
-    "linear_conv_kernel_dim": 4,
-}
+QWEN35 = qwen3_5_text(COMMON, key_heads=2, value_heads=4, head_dim=32)
 CONFIGS = {
     "qwen3.5": QWEN35,
     # With one MTP layer, Qwen3.5's own speculative decoding (`--speculative-

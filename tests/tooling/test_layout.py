@@ -1,5 +1,7 @@
 """The package's layout is its pipeline:
-series -> upstream -> wheel / runtime -> testing / doctor -> track -> cli.
+series -> upstream -> wheel / runtime -> testing / doctor -> track -> cli;
+the harness beside it (`ci/`) is in rooms: fixtures and envs -> suites ->
+harness, none of which the package imports.
 
 Read statically from every import statement (those inside functions too), so
 that a lazy import cannot hide a cycle or a stage that reaches back up."""
@@ -113,6 +115,91 @@ def test_a_cache_folder_spelled_outside_the_layout_is_found():
         "2: cache_root() / f'x-{y}'",
         "3: project.cache / 'wheels'",
     ]
+
+
+CI = PACKAGE.parent / "ci"
+# ci/'s rooms and top-level modules, each with its rank: a module imports
+# from its own rank and the ones before it. The fixtures and environments
+# know no suite; the suites know no driver.
+CI_RANKS = {
+    "fixtures": 0,
+    "envs": 0,
+    "suites": 1,
+    "harness": 2,
+    "track_main": 2,
+}
+# A module that outgrows this does two jobs; split it at its seam.
+CI_MAX_MODULE_LINES = 500
+
+
+def ci_graph() -> dict[str, set[str]]:
+    """Every module of ci/ and what it imports of ci/ and the package."""
+    paths = {module_name(p): p for p in [*CI.rglob("*.py"), *PACKAGE.rglob("*.py")]}
+    return {
+        name: imported_modules(paths[name], set(paths)) - {name}
+        for name in paths
+        if name.split(".")[0] == "ci"
+    }
+
+
+def ci_rank(module: str) -> int | None:
+    parts = module.split(".")
+    return CI_RANKS.get(parts[1]) if parts[0] == "ci" and len(parts) > 1 else None
+
+
+def test_ci_is_in_rooms_a_newcomer_can_name():
+    top = {p.stem for p in CI.iterdir() if p.name not in ("__init__.py", "__pycache__")}
+    assert top == set(CI_RANKS) and len(top) <= 6, sorted(top)
+
+
+@pytest.mark.parametrize("module", sorted(ci_graph()))
+def test_no_ci_room_imports_a_later_one(module):
+    later = [
+        target
+        for target in sorted(ci_graph()[module])
+        if (ci_rank(target) or 0) > (ci_rank(module) or 0)
+    ]
+    assert not later, f"{module} (rank {ci_rank(module)}) imports {later}"
+
+
+def test_the_package_imports_nothing_of_the_harness():
+    known = {module_name(p) for p in CI.rglob("*.py")}
+    reaching = {
+        module_name(path): sorted(imported_modules(path, known))
+        for path in PACKAGE.rglob("*.py")
+        if imported_modules(path, known)
+    }
+    assert reaching == {}
+
+
+def test_no_ci_module_is_over_the_size_limit():
+    sizes = {
+        path.relative_to(CI.parent).as_posix(): len(
+            path.read_text(encoding="utf-8").splitlines()
+        )
+        for path in CI.rglob("*.py")
+    }
+    over = {name: n for name, n in sizes.items() if n > CI_MAX_MODULE_LINES}
+    assert sizes and not over, f"over {CI_MAX_MODULE_LINES} lines: {over}"
+
+
+def test_the_tiny_qwen3_5_config_has_one_source():
+    """The probes, `tests/runtime` and the served checkpoints build a tiny
+    Qwen3.5 config with `ci/fixtures/tiny_configs.py`, each with its own
+    widths, rather than writing its layout out again."""
+    source = CI / "fixtures" / "tiny_configs.py"
+    trees = [CI, PACKAGE.parent / "tests", PACKAGE.parent / "benchmarks"]
+    spelled = sorted(
+        path.relative_to(CI.parent).as_posix()
+        for tree in trees
+        for path in tree.rglob("*.py")
+        if path not in (source, Path(__file__).resolve())
+        and any(
+            isinstance(node, ast.Constant) and node.value == "qwen3_5_text"
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        )
+    )
+    assert spelled == []
 
 
 def test_no_module_imports_itself_back():
