@@ -185,6 +185,12 @@ def _cell(text: str) -> str:
 
 def track(source: str, state: Path, summary_file: Path | None) -> int:
     rows = status_at(open_git_source(source, "CLONE"))
+    if not rows:
+        # Every patch merged upstream: no verdict to keep, and none to show.
+        raise OverlayError(
+            f"the series checked against {source} has no patches: nothing to "
+            "track against vLLM main"
+        )
     current = result(rows)
     previous = read_state(state / LAST)
     good = read_state(state / GOOD)

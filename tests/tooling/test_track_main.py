@@ -172,3 +172,20 @@ def test_an_unreadable_state_is_an_error(project, clone, tmp_path, capsys):
     code = track_main.main([str(clone), "--state", str(tmp_path / "state")])
     assert code == 1
     assert "last.json: not the JSON this script writes" in capsys.readouterr().err
+
+
+def test_a_series_without_patches_is_refused_in_one_line(
+    project, clone, tmp_path, capsys
+):
+    """Every patch of the series merged upstream leaves it empty: there is no
+    verdict to keep, and the run says so instead of failing on an index."""
+    for patch in project.series_dir.glob("*.patch"):
+        patch.unlink()
+    (project.series_dir / "series").write_text("# every patch merged upstream\n")
+    code = track_main.main([f"{clone}@release", "--state", str(tmp_path / "state")])
+    assert code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"vllm-overlay: error: the series checked against {clone}@release has "
+        "no patches: nothing to track against vLLM main"
+    )
+    assert not (tmp_path / "state").exists()
