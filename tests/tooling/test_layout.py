@@ -8,6 +8,8 @@ that a lazy import cannot hide a cycle or a stage that reaches back up."""
 
 import ast
 import re
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,14 @@ def import_graph() -> dict[str, set[str]]:
         name: imported_modules(path, set(paths)) - {name}
         for name, path in paths.items()
     }
+
+
+def later_imports(
+    graph: dict[str, set[str]], rank: Callable[[str], int | None], module: str
+) -> list[str]:
+    """What `module` imports from a later rank than its own (a module of no
+    rank is taken as the first)."""
+    return [t for t in sorted(graph[module]) if (rank(t) or 0) > (rank(module) or 0)]
 
 
 def stage(module: str) -> int | None:
@@ -132,6 +142,7 @@ CI_RANKS = {
 CI_MAX_MODULE_LINES = 500
 
 
+@cache
 def ci_graph() -> dict[str, set[str]]:
     """Every module of ci/ and what it imports of ci/ and the package."""
     paths = {module_name(p): p for p in [*CI.rglob("*.py"), *PACKAGE.rglob("*.py")]}
@@ -154,11 +165,7 @@ def test_ci_is_in_rooms_a_newcomer_can_name():
 
 @pytest.mark.parametrize("module", sorted(ci_graph()))
 def test_no_ci_room_imports_a_later_one(module):
-    later = [
-        target
-        for target in sorted(ci_graph()[module])
-        if (ci_rank(target) or 0) > (ci_rank(module) or 0)
-    ]
+    later = later_imports(ci_graph(), ci_rank, module)
     assert not later, f"{module} (rank {ci_rank(module)}) imports {later}"
 
 
@@ -226,9 +233,5 @@ def test_every_top_level_name_has_a_stage():
 
 @pytest.mark.parametrize("module", sorted(import_graph()))
 def test_no_stage_imports_a_later_one(module):
-    later = [
-        target
-        for target in sorted(import_graph()[module])
-        if (stage(target) or 0) > (stage(module) or 0)
-    ]
+    later = later_imports(import_graph(), stage, module)
     assert not later, f"{module} (stage {stage(module)}) imports {later}"
