@@ -14,6 +14,7 @@ from vllm_overlay.track.conflicts import format_conflicts
 from vllm_overlay.track.edit_tree import open_series, refresh_command
 from vllm_overlay.track.extract import extract
 from vllm_overlay.track.git_source import open_git_source
+from vllm_overlay.track.judging import Verdict
 from vllm_overlay.track.lint import lint, releases_without_sources
 from vllm_overlay.track.pin import bump_release, facts_after_pin, pin_release
 from vllm_overlay.track.probing import format_rebased
@@ -29,7 +30,6 @@ from vllm_overlay.track.rebase import (
 from vllm_overlay.track.refresh import refresh
 from vllm_overlay.track.round_trip import refresh_check
 from vllm_overlay.track.status import (
-    Verdict,
     format_json,
     format_table,
     record_status,
