@@ -33,8 +33,9 @@ from ci.hf_standin import Vocabulary, write_tokenizer
 from vllm_overlay.doctor import diagnose
 from vllm_overlay.doctor.compat import NIXL_METADATA
 from vllm_overlay.doctor.findings import Finding, Severity
+from vllm_overlay.doctor.hma import hma_enabled
 from vllm_overlay.doctor.report import Report
-from vllm_overlay.doctor.rules import RULES, hma_enabled, installed_build
+from vllm_overlay.doctor.rules import RULES, installed_build
 from vllm_overlay.doctor.rules_speculative import (
     MAMBA_KERNEL_LAUNCH,
     pd_pair,
