@@ -38,7 +38,8 @@ from vllm_overlay import atomic
 from vllm_overlay.arguments import Parser
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.track.git_source import open_git_source
-from vllm_overlay.track.status import PatchStatus, Verdict, status_at
+from vllm_overlay.track.judging import PatchStatus, Verdict
+from vllm_overlay.track.status import status_at
 
 LAST, GOOD = "last.json", "good.json"
 PROG = "python -m ci.track_main"

@@ -14,7 +14,8 @@ from vllm_overlay.track.conflicts import format_conflicts
 from vllm_overlay.track.edit_tree import open_series, refresh_command
 from vllm_overlay.track.extract import extract
 from vllm_overlay.track.git_source import open_git_source
-from vllm_overlay.track.lint import lint, releases_without_sources
+from vllm_overlay.track.judging import Verdict
+from vllm_overlay.track.lint import facts_after_rebase, lint, releases_without_sources
 from vllm_overlay.track.pin import bump_release, facts_after_pin, pin_release
 from vllm_overlay.track.probing import format_rebased
 from vllm_overlay.track.rebase import (
@@ -29,7 +30,6 @@ from vllm_overlay.track.rebase import (
 from vllm_overlay.track.refresh import refresh
 from vllm_overlay.track.round_trip import refresh_check
 from vllm_overlay.track.status import (
-    Verdict,
     format_json,
     format_table,
     record_status,
@@ -215,7 +215,16 @@ def _rebase(args: argparse.Namespace) -> int:
     _report_rebase(outcome)
     if outcome.stopped_at is not None:
         return 1
+    if not outcome.source:
+        _report_facts(outcome.to_release)
     return _report_probes(outcome)
+
+
+def _report_facts(release: str) -> None:
+    """The release facts a new pin needs, as its sources (cached by the
+    rebase) tell: not a failure of the rebase, as `lint` fails on them."""
+    for line in facts_after_rebase(release, patches_root()):
+        print(f"facts    {line}")
 
 
 def _report_rebase(outcome: RebaseOutcome) -> None:

@@ -370,6 +370,100 @@ def test_decode_side_reads_no_blocks_but_those_sent(
     )
 
 
+def arrived(scheduler: Scheduler, params: dict[str, Any]) -> Request:
+    """A decode request carrying `params` added to the decode instance's
+    scheduler, once the prefill side answered the question the connector
+    asked as it arrived (bounded), before the scheduler looked at it: as a
+    request that waited in the queue for a sequence slot."""
+    request = generation_request(DECODE_REQUEST, prompt(NUM_TOKENS))
+    request.kv_transfer_params = dict(params)
+    scheduler.add_request(request)
+    connector: Any = scheduler.connector
+    asked = connector.connector_scheduler._held_answers[DECODE_REQUEST]
+    asked.answer.result(timeout=MAX_STEPS * STEP_S)
+    return request
+
+
+def test_decode_side_asks_before_the_scheduler_looks_at_a_request(
+    prefill: Scheduler, make_scheduler: MakeScheduler
+) -> None:
+    """The decode side asks the prefill side about a request's blocks as it
+    arrives, so a request that waited in the queue has its answer when the
+    scheduler first looks at it, and its read is scheduled in that step, as
+    upstream's is, rather than one step later."""
+    _, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(nixl_config())
+    request = arrived(decode, params)
+
+    decode.schedule()
+
+    assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS, (
+        f"the decode side's first look at request {request.request_id!r}, "
+        f"answered already, left it {request.status.name}: its read waits a "
+        "step for an answer it had"
+    )
+
+
+def test_decode_side_schedules_a_read_as_soon_as_it_fits(
+    prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decode request whose blocks do not fit in the decode cache yet (it
+    is full) is scheduled at the first attempt after room frees, on the
+    answer it has (while it is younger than HELD_ANSWER_TTL_S, made long
+    here), instead of asking again at every attempt, which cost a step
+    each."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import pull_scheduler
+
+    monkeypatch.setattr(pull_scheduler, "HELD_ANSWER_TTL_S", 60.0)
+    _, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(nixl_config())
+    pool = decode.kv_cache_manager.block_pool
+    taken = pool.get_new_blocks(pool.get_num_free_blocks())
+    request = arrived(decode, params)
+    decode.schedule()
+    assert request.status == RequestStatus.WAITING, "the decode cache was full"
+
+    pool.free_blocks(taken)
+    decode.schedule()
+
+    assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS, (
+        f"request {request.request_id!r} was not scheduled at the first "
+        f"attempt after its blocks fitted ({request.status.name})"
+    )
+
+
+def test_decode_side_asks_again_once_its_answer_is_old(
+    prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A "held" answer older than HELD_ANSWER_TTL_S (made 0 here) is asked
+    anew: a request that waited for room while the prefill side released
+    the blocks (their lease ran out) is computed, not read."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import pull_scheduler
+
+    monkeypatch.setattr(pull_scheduler, "HELD_ANSWER_TTL_S", 0.0)
+    finished, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(nixl_config())
+    pool = decode.kv_cache_manager.block_pool
+    taken = pool.get_new_blocks(pool.get_num_free_blocks())
+    request = arrived(decode, params)
+    decode.schedule()
+    assert request.status == RequestStatus.WAITING, "the decode cache was full"
+
+    released(prefill, finished.request_id)
+    pool.free_blocks(taken)
+    for _ in range(MAX_STEPS):
+        decode.schedule()
+        if request.status != RequestStatus.WAITING:
+            break
+        time.sleep(STEP_S)
+
+    assert request.status == RequestStatus.RUNNING, (
+        f"request {request.request_id!r} was scheduled ({request.status.name}) "
+        "on an answer older than HELD_ANSWER_TTL_S, after the prefill side "
+        "had released its blocks"
+    )
+
+
 def decode_config(layout: str, **nixl_extra_config: str) -> KVTransferConfig:
     """The decode instance's connector under upstream's default
     kv_load_failure_policy ("fail": a failed load fails the request):

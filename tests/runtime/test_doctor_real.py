@@ -34,8 +34,9 @@ from ci.fixtures.tiny_configs import qwen3_5_text
 from vllm_overlay.doctor import diagnose
 from vllm_overlay.doctor.compat import NIXL_METADATA
 from vllm_overlay.doctor.findings import Finding, Severity
+from vllm_overlay.doctor.hma import hma_enabled
 from vllm_overlay.doctor.report import Report
-from vllm_overlay.doctor.rules import RULES, hma_enabled, installed_build
+from vllm_overlay.doctor.rules import RULES, installed_build
 from vllm_overlay.doctor.rules_speculative import (
     MAMBA_KERNEL_LAUNCH,
     pd_pair,

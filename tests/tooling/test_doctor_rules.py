@@ -15,8 +15,9 @@ from vllm_overlay.doctor.facts import (
     ModelFacts,
 )
 from vllm_overlay.doctor.findings import Severity
+from vllm_overlay.doctor.hma import hma_enabled, without_hma
 from vllm_overlay.doctor.report import Report
-from vllm_overlay.doctor.rules import evaluate, hma_enabled, without_hma
+from vllm_overlay.doctor.rules import evaluate
 
 PATCHED = BuildFacts(
     version="0.32.0",

@@ -4,7 +4,8 @@ the harness beside it (`ci/`) is in rooms: fixtures and envs -> suites ->
 harness, none of which the package imports.
 
 Read statically from every import statement (those inside functions too), so
-that a lazy import cannot hide a cycle or a stage that reaches back up."""
+that a lazy import cannot hide a cycle or a stage that reaches back up. No
+module is over `MAX_MODULE_LINES`: one job a module."""
 
 import ast
 import re
@@ -235,3 +236,19 @@ def test_every_top_level_name_has_a_stage():
 def test_no_stage_imports_a_later_one(module):
     later = later_imports(import_graph(), stage, module)
     assert not later, f"{module} (stage {stage(module)}) imports {later}"
+
+
+# A module that outgrows this does two jobs; split it at its seam, each part
+# with a docstring that says why it exists.
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_is_over_the_size_limit():
+    sizes = {
+        path.relative_to(PACKAGE.parent).as_posix(): len(
+            path.read_text(encoding="utf-8").splitlines()
+        )
+        for path in PACKAGE.rglob("*.py")
+    }
+    over = {name: lines for name, lines in sizes.items() if lines > MAX_MODULE_LINES}
+    assert sizes and not over, f"over {MAX_MODULE_LINES} lines: {over}"

@@ -23,6 +23,7 @@ from conftest import (
     sha256_file,
 )
 from conftest import DEMO_PROBE as DEMO_PROBE_SOURCE
+from test_lint import FACTS_TEST, OLDER, cache_release_sources, release_facts
 
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
@@ -424,6 +425,58 @@ def test_a_backward_rebase_says_it_is_a_backport(checkout, capsys):
     assert code == 0, err
     assert f"vLLM 9.8.0 is older than {RELEASE}: this rebase is a backport" in err
     assert f"kept     {PATCH}" in out
+
+
+def test_a_rebase_names_the_release_facts_the_new_pin_needs(checkout, capsys):
+    """Pinned older than an `upstream_tests` entry's `since`, a release whose
+    sources have the file needs that `since`: the rebase onto it, whose
+    sources are then cached, names the entry and what to write, as `lint`
+    will; a problem TO's sources do not decide (entry 2) is left to `lint`."""
+    facts = release_facts(checkout, RELEASE)
+    facts.write_text(
+        "upstream_tests = [\n"
+        f'  {{ path = "{FACTS_TEST}", since = "{RELEASE}" }},\n'
+        '  { path = "tests/other_test.py", since = "9.8.5" },\n'
+        "]\n"
+    )
+    pin_target(checkout, drifted(), version=OLDER)
+    committed(checkout)
+    cache_release_sources(checkout, OLDER, with_test=True)
+    code, out, err = rebase(capsys, RELEASE, OLDER)
+    assert code == 0, err
+    needed = (
+        f"{facts}: upstream_tests entry 1 ({FACTS_TEST}, since {RELEASE}): "
+        f'vLLM {OLDER}\'s sources have it: write since = "{OLDER}"'
+    )
+    assert (
+        f"facts    {needed}\n"
+        f"facts    vLLM {OLDER} needs these in the release facts before committing; "
+        "`vllm-overlay lint` fails until then\n"
+    ) in out
+    assert "entry 2" not in out
+    problems = lint(checkout.patches)
+    assert needed in problems
+    assert any("upstream_tests entry 2" in problem for problem in problems)
+
+
+@pytest.mark.parametrize(
+    ("with_test", "said"),
+    [
+        (False, f"facts    the release facts' upstream_tests fit vLLM {OLDER}'s"),
+        (None, f"facts    not checked: vLLM {OLDER}'s sources are not cached"),
+    ],
+)
+def test_a_rebase_says_when_the_release_facts_fit_or_were_not_checked(
+    checkout, capsys, with_test, said
+):
+    release_facts(checkout, RELEASE)
+    pin_target(checkout, drifted(), version=OLDER)
+    committed(checkout)
+    if with_test is not None:
+        cache_release_sources(checkout, OLDER, with_test=with_test)
+    code, out, err = rebase(capsys, RELEASE, OLDER)
+    assert code == 0, err
+    assert said in out
 
 
 def test_a_forward_rebase_says_nothing_of_backports(checkout, capsys):

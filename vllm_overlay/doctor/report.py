@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from vllm_overlay.doctor.facts import ConnectorFacts, Facts
 from vllm_overlay.doctor.findings import Finding, Severity
-from vllm_overlay.doctor.rules import hma_enabled
+from vllm_overlay.doctor.hma import hma_enabled
 
 WIDTH = 88
 

@@ -421,6 +421,46 @@ def release_facts(checkout: Checkout) -> list[str]:
     return problems
 
 
+def facts_after_rebase(
+    version: str, patches_root: Path, cache: Path | None = None
+) -> list[str]:
+    """Lines naming what the release facts' `upstream_tests` need for a newly
+    pinned `version`, as its cached sources tell (a rebase onto it has just
+    read them), as `pin.facts_after_pin` names what pinning may have made
+    wrong: each problem `facts.since_problems` finds with those sources and
+    not without them (the `since` an older pin must take, an entry whose file
+    the new release lacks), or a line saying they fit, or that the sources
+    are not cached. Nothing for a checkout without a facts file. What does not
+    turn on `version` is `lint`'s to report."""
+    if not (patches_root / FACTS_FILE).is_file():
+        return []
+    cache = cache or cache_root()
+    pins = load_pins(patches_root / PINS_FILE)
+    sources = {
+        release: tree
+        for release, pin in pins.items()
+        if (tree := cached_sdist_tree(pin, cache)) is not None
+    }
+    if version not in sources:
+        return [
+            f"not checked: vLLM {version}'s sources are not cached; "
+            f"`vllm-overlay lint` checks them after `tools/test.sh {version}`"
+        ]
+    without = {release: tree for release, tree in sources.items() if release != version}
+    try:
+        known = set(since_problems(patches_root, without))
+        needed = [p for p in since_problems(patches_root, sources) if p not in known]
+    except OverlayError as exc:
+        return [str(exc)]
+    if not needed:
+        return [f"the release facts' upstream_tests fit vLLM {version}'s sources"]
+    return [
+        *needed,
+        f"vLLM {version} needs these in the release facts before committing; "
+        "`vllm-overlay lint` fails until then",
+    ]
+
+
 # Every check of `vllm-overlay lint`, in the order its problems are listed.
 RULES: tuple[Rule, ...] = (
     series_files,

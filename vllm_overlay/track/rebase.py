@@ -4,8 +4,9 @@ StGit's `rebase --merged` and Electron's 3-way apply, offline: a scratch git
 repository holds the files the FROM series touches as FROM ships them (tag
 `upstream`), the series as one commit a patch on top, and, on a branch from
 `upstream`, the same files as TO ships them (tag `upstream-to`). Each patch is
-cherry-picked onto that branch, so git merges with the real FROM blobs as the
-merge base (a real 3-way merge, which `status` cannot offer from a wheel):
+cherry-picked onto that branch (`replay.py`: the repository and the git side
+of each pick), so git merges with the real FROM blobs as the merge base (a
+real 3-way merge, which `status` cannot offer from a wheel):
 
 - a patch that reverse-applies on TO, or whose merge leaves nothing to commit,
   was absorbed upstream, and so was a `Backport <release>` patch when TO is
@@ -40,28 +41,21 @@ A kept patch's message has its `path:line` references moved to TO's lines
 
 import json
 import shutil
-import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from pathlib import Path
 
 from packaging.version import Version
 
 from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.git import git, git_bytes, git_run
+from vllm_overlay.git import git, git_run
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.series.loader import load_series, pinned_releases
 from vllm_overlay.series.model import Patch, Series, series_dir
 from vllm_overlay.series.pins import Dist, ReleasePin, resolve_release
-from vllm_overlay.track.conflicts import (
-    FileConflict,
-    conflict_hunks,
-    conflicts_in,
-    format_conflicts,
-)
+from vllm_overlay.track.conflicts import FileConflict, conflicts_in, format_conflicts
 from vllm_overlay.track.git_source import open_git_source
 from vllm_overlay.track.history import DroppedPatch, append_history
 from vllm_overlay.track.pin import record_series
@@ -77,17 +71,18 @@ from vllm_overlay.track.refresh import (
     write_exported,
     write_series_dir,
 )
-from vllm_overlay.track.scratch_tree import (
-    UPSTREAM_TAG,
-    commit_identity,
-    materialize,
-    pristine_files,
+from vllm_overlay.track.replay import (
+    TARGET_TAG,
+    Picked,
+    build_repo,
+    cherry_pick_in_progress,
+    commit_resolution,
+    pick,
 )
-from vllm_overlay.trees import write_tree
+from vllm_overlay.track.scratch_tree import pristine_files
 from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel, wheel_names
 
 STATE_DIR = Path(".vllm-overlay") / "rebase"
-TARGET_TAG = "upstream-to"
 _STATE_FILE = "state.json"
 _REPORT_FILE = "conflict.txt"
 
@@ -244,7 +239,7 @@ def _begin(
     try:
         originals = from_files()
         state_path.mkdir(parents=True)
-        state.commits = _build_repo(
+        state.commits = build_repo(
             series, originals, to_files(), state.to_release, state_path / "repo"
         )
     except BaseException:
@@ -273,7 +268,7 @@ def skip_patch(root: Path | None = None) -> RebaseOutcome:
     state, repo = _load(root)
     if state.current is None:
         raise OverlayError("the rebase is not stopped at a patch; nothing to skip")
-    if _cherry_pick_in_progress(repo):
+    if cherry_pick_in_progress(repo):
         git(repo, "cherry-pick", "--abort")
     _drop(state, state.current, "skipped by the maintainer at a merge conflict")
     state.current = None
@@ -348,34 +343,6 @@ def _release_files(
     return pristine_files(series, wheel, sdist)
 
 
-def _build_repo(
-    series: Series,
-    from_files: Mapping[str, bytes],
-    to_files: Mapping[str, bytes],
-    to_version: str,
-    repo: Path,
-) -> dict[str, str]:
-    """The scratch repository (see the module docstring); returns each patch's
-    commit on the FROM side."""
-    materialize(series, from_files, repo)
-    picks = git(repo, "rev-list", "--reverse", f"{UPSTREAM_TAG}..HEAD").split()
-    git(repo, "checkout", "-q", "-b", "rebased", UPSTREAM_TAG)
-    for name in from_files:
-        if name not in to_files:
-            (repo / name).unlink()
-    write_tree(repo, to_files)
-    git(repo, "add", "-A")
-    git(
-        repo,
-        *("commit", "-q", "--allow-empty", "-m", f"upstream {to_version}"),
-        env=commit_identity(),
-    )
-    git(repo, "tag", TARGET_TAG)
-    return {
-        patch.name: commit for patch, commit in zip(series.patches, picks, strict=True)
-    }
-
-
 def _replay(state: RebaseState, root: Path) -> RebaseOutcome:
     """Cherry-pick the pending patches one by one; stop at the first conflict,
     else write the TO series and the history and remove the state."""
@@ -383,7 +350,7 @@ def _replay(state: RebaseState, root: Path) -> RebaseOutcome:
     patches = _from_patches(state, root)
     while state.pending:
         name = state.pending[0]
-        picked, reason = _pick(
+        picked, reason = pick(
             repo,
             patches[name],
             state.commits[name],
@@ -417,118 +384,16 @@ def _from_patches(state: RebaseState, root: Path) -> dict[str, Patch]:
     return {patch.name: patch for patch in series.patches}
 
 
-class Picked(StrEnum):
-    """How the replay of one patch ended."""
-
-    KEPT = "kept"
-    CONFLICT = "conflict"
-    DROPPED = "dropped"
-
-
-def _pick(
-    repo: Path, patch: Patch, commit: str, to_version: str, to_name: str
-) -> tuple[Picked, str]:
-    """Replay one patch: how it ended, and why when it was dropped. A
-    `Backport` patch is judged by the release `to_version`; the reason names
-    TO as `to_name` (the release, or the git commit as `REF@SHA`)."""
-    dropped = patch.backport_drop(to_version)
-    if dropped is not None:
-        return Picked.DROPPED, dropped
-    if _reverse_applies(repo, patch):
-        return (
-            Picked.DROPPED,
-            f"reverse-applies: vLLM {to_name} already has the change",
-        )
-    proc = _git_run(
-        repo,
-        *("-c", "merge.conflictStyle=diff3"),
-        *("cherry-pick", "--keep-redundant-commits", commit),
-    )
-    if proc.returncode != 0:
-        if _unmerged(repo):
-            return Picked.CONFLICT, ""
-        lines = (proc.stderr or proc.stdout).strip().splitlines() or ["failed"]
-        raise OverlayError(f"git cherry-pick of {patch.name} in {repo}: {lines[-1]}")
-    if _git_run(repo, "diff", "--quiet", "HEAD^", "HEAD").returncode == 0:
-        git(repo, "reset", "-q", "--hard", "HEAD^")
-        return (
-            Picked.DROPPED,
-            f"empty after a 3-way merge: vLLM {to_name} already has the change",
-        )
-    return Picked.KEPT, ""
-
-
-def _reverse_applies(repo: Path, patch: Patch) -> bool:
-    return (
-        _git_run(repo, "apply", "--check", "--reverse", str(patch.path)).returncode == 0
-    )
-
-
 def _commit_resolution(state: RebaseState, repo: Path) -> None:
-    """Accept the maintainer's resolution of `state.current`: every conflict
-    resolved and staged, no marker left; an empty result drops the patch."""
+    """Accept the maintainer's resolution of `state.current` (`replay`'s
+    rules); an empty result drops the patch."""
     name = state.current
-    if not _cherry_pick_in_progress(repo):
-        raise OverlayError(
-            f"{repo} is no longer cherry-picking {name}; "
-            "`vllm-overlay rebase --skip` or `--abort`"
-        )
-    unmerged = _unmerged(repo)
-    if unmerged:
-        raise OverlayError(
-            f"{name}: still unmerged in {repo}: {', '.join(unmerged)} "
-            "(resolve, then `git add` them)"
-        )
-    if _git_run(repo, "diff", "--quiet").returncode != 0:
-        raise OverlayError(f"{name}: {repo} has unstaged changes; `git add` them first")
-    marked = _files_with_markers(repo)
-    if marked:
-        raise OverlayError(f"{name}: conflict markers left in {', '.join(marked)}")
-    if _git_run(repo, "diff", "--cached", "--quiet", "HEAD").returncode == 0:
-        git(repo, "cherry-pick", "--skip")
-        _drop(state, name, "empty after the maintainer resolved its merge conflict")
-    else:
-        _commit_with_message_of(repo, state.commits[name])
+    assert name is not None
+    if commit_resolution(repo, name, state.commits[name]):
         state.kept.append(name)
+    else:
+        _drop(state, name, "empty after the maintainer resolved its merge conflict")
     state.current = None
-
-
-def _commit_with_message_of(repo: Path, commit: str) -> None:
-    """Commit the staged resolution with `commit`'s message, byte for byte.
-
-    Not `cherry-pick --continue`: that commits through git's message clean-up,
-    which drops every line starting with `#` (a patch message may hold one)
-    and cannot be told otherwise. `git commit` still takes the author from
-    CHERRY_PICK_HEAD and ends the cherry-pick."""
-    raw = git_bytes(repo, "cat-file", "commit", commit)
-    message = repo / ".git" / "MERGE_MSG"
-    message.write_bytes(raw.partition(b"\n\n")[2])
-    git(
-        repo,
-        *("commit", "-q", "--cleanup=verbatim", "--file", str(message)),
-        env=commit_identity(),
-    )
-
-
-def _cherry_pick_in_progress(repo: Path) -> bool:
-    return (
-        _git_run(repo, "rev-parse", "-q", "--verify", "CHERRY_PICK_HEAD").returncode
-        == 0
-    )
-
-
-def _unmerged(repo: Path) -> list[str]:
-    return git(repo, "diff", "--name-only", "--diff-filter=U").split()
-
-
-def _files_with_markers(repo: Path) -> list[str]:
-    staged = git(repo, "diff", "--cached", "--name-only", "HEAD").split()
-    return [
-        name
-        for name in staged
-        if (repo / name).is_file()
-        and conflict_hunks((repo / name).read_text(encoding="utf-8", errors="replace"))
-    ]
 
 
 def _drop(state: RebaseState, name: str, reason: str) -> None:
@@ -616,12 +481,6 @@ def _save(state: RebaseState, root: Path) -> None:
     atomic.write_text(
         state_dir(root) / _STATE_FILE, json.dumps(asdict(state), indent=2) + "\n"
     )
-
-
-def _git_run(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """git in the scratch repository as its fixed identity, its exit status
-    for the caller to read."""
-    return git_run(repo, *args, env=commit_identity())
 
 
 def _progress(message: str) -> None:
