@@ -93,6 +93,8 @@ def problems(workflow: dict) -> list[str]:
         r"\bvllm-overlay index release/dist site\b", runs(jobs["publish"])
     ):
         found.append("writes no index with vllm-overlay index")
+    if "gh release view" not in runs(jobs["publish"]):
+        found.append("does not check that the release's assets kept their names")
     return found
 
 
@@ -110,6 +112,20 @@ def test_a_release_left_out_is_caught(tmp_path):
     assert problems(load(workflow)) == [
         f"does not build {newest} from vllm",
         f"makes no image of {newest}",
+    ]
+
+
+def test_an_unchecked_asset_name_is_caught(tmp_path):
+    """GitHub may rename an asset (a `+` of a local version), which the
+    index links by the name it was sent with: the workflow must compare."""
+    text = WORKFLOW.read_text(encoding="utf-8")
+    step = re.escape("      - name: Every asset kept the name the index links\n")
+    unchecked = re.sub(step + r"(.*\n)*?(?=      - )", "", text)
+    assert unchecked != text
+    workflow = tmp_path / "release.yml"
+    workflow.write_text(unchecked)
+    assert problems(load(workflow)) == [
+        "does not check that the release's assets kept their names"
     ]
 
 
