@@ -39,6 +39,12 @@ README tells users, and runs them again, with the tiny random-weight models of
    both caches empty once idle, no read of released blocks, the patched
    outputs those of the unpatched NixlConnector run, the patched
    MultiConnector reusing as NixlConnector does, the unpatched one not).
+7. The speculative-decoding cases the CPU cannot run (`ci/suites/gpu_mtp.py`,
+   0.31.0 on): P/D of the hybrid with an MTP head, MTP on both servers and
+   prefix caching on, the decode side NixlConnector and case 1's
+   MultiConnector, against one MTP server and the P/D answer without
+   speculation, the drafts' acceptance rate reported; and one MTP server's
+   repeated prompt (vLLM #53912's symptom), reported as upstream's behaviour.
 
 On vLLM 0.22.1 the hybrid is Qwen3-Next's layout (`gdn_hybrid` in
 patches/vllm/release-facts.toml; 0.22.1 has no text-only Qwen3.5), and case 1
@@ -83,6 +89,7 @@ from packaging.version import Version
 
 from ci.envs.requirements import nixl_file, pinned_requirements
 from ci.fixtures.tiny_model import ensure_tiny_model
+from ci.suites.gpu_mtp import NOT_RUN, mtp_cases, mtp_layout, run_mtp
 from ci.suites.pd import load
 from ci.suites.pd.cases import (
     LMCACHE,
@@ -103,6 +110,7 @@ from ci.suites.pd.gpu_verdicts import (
     judge_single,
 )
 from ci.suites.pd.metrics import decode_counts, scrape, settled_metrics
+from ci.suites.pd.mtp_verdicts import Served, judge_mtp
 from ci.suites.pd.pair import PATCHED, UNPATCHED, Layout, start, start_vllm, wait_all
 from ci.suites.pd_e2e import TOY_PROXY, run_case
 from ci.suites.servers import Server, free_port, server_environment
@@ -379,6 +387,8 @@ class Results:
     runs: list[Run] = field(default_factory=list)
     loads: list[load.LoadRun] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
+    # What is reported and not judged (`mtp_verdicts.repeat_notes`).
+    notes: list[str] = field(default_factory=list)
 
     def report(self) -> None:
         print(TABLE_HEADER)
@@ -390,6 +400,8 @@ class Results:
             print(load_run.row(None))
         for result in self.checks:
             print(result)
+        for note in self.notes:
+            print(note)
 
 
 def run_gpu_cases(series: Series, cache: Path) -> Results:
@@ -402,6 +414,11 @@ def run_gpu_cases(series: Series, cache: Path) -> Results:
     results = Results()
     singles: dict[tuple[str, str, bool], Single | str] = {}
     mp: dict[str, Single | str] = {}
+    spec_cases = mtp_cases(pin.version, NIXL_GPU, OFFLOADING)
+    models, python = cache_layout.gpu_e2e(cache).models, venv / "bin" / "python"
+    spec_layout = mtp_layout(layout, models, python) if spec_cases else layout
+    spec_runs: list[Run] = []
+    served: dict[tuple[str, str], Served | str] = {}
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-gpu-") as tmp:
         wheels = {
             UNPATCHED: fetch_wheel(pin, Dist.VLLM, cache).path,
@@ -419,10 +436,19 @@ def run_gpu_cases(series: Series, cache: Path) -> Results:
             singles.update(single_runs(layout, build, prompts[0]))
             plain_log = layout.logs / f"{build}-single-{HYBRID}-plain.log"
             mp[build] = run_lmcache_mp(layout, build, prompts[0], plain_log)
+            runs, by_role = run_mtp(spec_layout, build, spec_cases, prompts)
+            spec_runs += runs
+            served.update(by_role)
     results.checks = checks(results.runs) + load.checks(results.loads, exact_models=())
     for model in (HYBRID, SLIDING):
         results.checks += judge_single(model, singles)
     results.checks += judge_mp(singles, mp)
+    if spec_cases:
+        spec_checks, results.notes = judge_mtp(spec_runs, served)
+        results.checks += spec_checks
+        results.runs += spec_runs
+    else:
+        results.notes = [NOT_RUN.format(release=pin.version)]
     return results
 
 

@@ -9,6 +9,9 @@ from the local prefix cache, pulled from the prefill server, computed),
 (loggers.py:662-708), `vllm:time_to_first_token_seconds` (a histogram,
 loggers.py:931: at the decode server, the pull and the rest of the prefill)
 and `vllm:nixl_bytes_transferred` (a histogram, nixl/stats.py:207-216).
+With speculative decoding, `vllm:spec_decode_num_drafts|num_draft_tokens|
+num_accepted_tokens` (v1/spec_decode/metrics.py:229-231 in 0.31.0-0.33.0):
+the drafts proposed, their tokens, and the tokens the main model accepted.
 """
 
 import time
@@ -39,6 +42,18 @@ class DecodeCounts:
     nixl_bytes: int
     ttft_s: float
     requests: int
+    # Speculative decoding's drafts, draft tokens and accepted tokens (zero
+    # without it).
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """The share of draft tokens the main model accepted."""
+        if not self.draft_tokens:
+            return float("nan")
+        return self.accepted_tokens / self.draft_tokens
 
     @property
     def mean_ttft_s(self) -> float:
@@ -100,6 +115,9 @@ def decode_counts(before: Sequence[Sample], after: Sequence[Sample]) -> DecodeCo
         nixl_bytes=round(delta("vllm:nixl_bytes_transferred_sum")),
         ttft_s=delta(f"{ttft}_sum"),
         requests=round(delta(f"{ttft}_count")),
+        drafts=round(delta("vllm:spec_decode_num_drafts_total")),
+        draft_tokens=round(delta("vllm:spec_decode_num_draft_tokens_total")),
+        accepted_tokens=round(delta("vllm:spec_decode_num_accepted_tokens_total")),
     )
 
 
