@@ -226,6 +226,9 @@ def test_a_decode_may_part_from_the_references_only_at_a_near_tie(
     greedy = [c for c in checks if "greedy" in c.name]
     assert len(greedy) == 4 and all(c.ok == ok for c in greedy), greedy
     assert f"request 1 parts at token {position}" in greedy[0].detail
+    # The table compares each run with the one server of its build and role.
+    spec = [run for run in runs if run.case.model == MTP]
+    assert all(run.differing == (1,) and run.min_gap == 0.05 for run in spec)
 
 
 def test_no_accepted_draft_fails_where_it_speculates() -> None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ci.suites.pd.cases import Check, Run, checks, re_pulls, reuses_as
-from ci.suites.pd.completions import Completion
+from ci.suites.pd.completions import Completion, compare
 from ci.suites.pd.metrics import DecodeCounts
 from ci.suites.pd.pair import PATCHED, UNPATCHED
 
@@ -115,11 +115,25 @@ def _relations(by_key: dict[tuple[str, str], Run]) -> list[Check]:
     return results
 
 
+def fill_table(
+    runs: Sequence[Run], served: dict[tuple[str, str], Served | str]
+) -> None:
+    """Fill in the table's comparison of each completed P/D run with the
+    server of its build and role (which tokens differ, the margins)."""
+    for run in runs:
+        reference = served.get((run.build, run.case.model))
+        if run.counts is not None and isinstance(reference, Served):
+            run.differing, run.min_gap, run.max_delta = compare(
+                reference.answers, run.completions
+            )
+
+
 def judge_mtp(
     runs: Sequence[Run], served: dict[tuple[str, str], Served | str]
 ) -> tuple[list[Check], list[str]]:
     """The verdicts on the MTP cases and the lines only reported (vLLM
     #53912's symptom, upstream's behaviour): see the module docstring."""
+    fill_table(runs, served)
     results = checks(runs)
     by_key = {(run.build, run.case.key): run for run in runs}
     results += _relations(by_key)
