@@ -10,7 +10,8 @@ while the prefill side still holds the request). A read issued after that
 in a busy decode server's queue past the lease) returns whatever the blocks
 hold by then, and upstream's decode worker reports the request received:
 its output is another prompt's (0.32.0: pull_worker.py:642-693 on the
-prefill side, base_worker.py:2860-2905 on the decode side). Patched, the
+prefill side, base_worker.py:2860-2905 on the decode side; 0.22.1:
+nixl/worker.py:1792-1845 and :1694-1790). Patched, the
 prefill side's scheduler tracks the requests whose blocks it holds and its
 handshake listener says which of them are still held; the decode worker asks
 once the read completed and fails the request's load when they are not.
@@ -23,7 +24,9 @@ metadata is built by `NixlConnectorMetadata` from the parameters the prefill
 side answered with; the decode side is NIXL's pull worker, built without
 `__init__` (which needs a NIXL agent) with what `__init__` derives, as
 upstream's `test_nixl_heartbeat.py` builds it, and its real
-`get_transfer_results` reports the request. Two stand-ins: the NIXL agent
+`get_transfer_results` reports the request (0.22.1: the one NIXL worker, its
+`get_finished`, a declined read named in its worker metadata, as 0.22.1 has
+no failed receives in a step's output). Two stand-ins: the NIXL agent
 (`_DoneReads`: every read has completed, as `check_xfer_state` then says),
 and the read in flight, left as `_read_blocks` leaves one (its handle in
 `_recving_transfers`, its metadata in `_recving_metadata`).
@@ -32,6 +35,8 @@ and the read in flight, left as `_read_blocks` leaves one (its handle in
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import inspect
 import queue
 import socket
 import threading
@@ -116,6 +121,34 @@ class _Topology:
         return 1
 
 
+def nixl_scheduler_module(name: str) -> Any:
+    """NIXL's scheduler-side module `name` (0.31.0 on: `pull_scheduler`,
+    `base_scheduler`); 0.22.1 has one, `nixl/scheduler.py`."""
+    try:
+        return importlib.import_module(
+            f"vllm.distributed.kv_transfer.kv_connector.v1.nixl.{name}"
+        )
+    except ModuleNotFoundError:
+        return importlib.import_module(
+            "vllm.distributed.kv_transfer.kv_connector.v1.nixl.scheduler"
+        )
+
+
+def transfer_results(worker: NixlConnectorWorker) -> tuple[set[str], set[str]]:
+    """One step of the decode worker: the requests it reports received, and
+    those of them whose load failed or that it declined (0.22.1 has no
+    failed receives in a step's output: a declined read is named in the
+    worker metadata, which the model runner builds after the step's
+    results)."""
+    if hasattr(worker, "get_transfer_results"):
+        results = worker.get_transfer_results()
+        return set(results.finished_recving), set(results.failed_recving)
+    _, finished = worker.get_finished()
+    meta = getattr(worker, "build_connector_worker_meta", lambda: None)()
+    declined = getattr(meta, "declined_recving", set())
+    return set(finished), declined & finished
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as sock:
@@ -142,7 +175,10 @@ def prefill(
     scheduler = make_scheduler(nixl_config())
     connector: Any = scheduler.connector
     payload = NixlHandshakePayload(compatibility_hash="probe", agent_metadata_bytes=b"")
-    connector.set_xfer_handshake_metadata_pp_aware({(0, 0): payload})
+    if hasattr(connector, "set_xfer_handshake_metadata_pp_aware"):
+        connector.set_xfer_handshake_metadata_pp_aware({(0, 0): payload})
+    else:  # 0.22.1: by tensor-parallel rank
+        connector.set_xfer_handshake_metadata({0: payload})
     yield scheduler
     connector.shutdown()
 
@@ -195,9 +231,11 @@ def read_completed(
     """The decode request's read of the prefill side's blocks into
     `block_ids`, posted as `_read_blocks` posts it, has completed."""
     metadata = NixlConnectorMetadata()
-    metadata.add_new_req_to_recv(
-        request_id, (block_ids or [5, 6, 7, 8],), params, (0,), True
-    )
+    local = (block_ids or [5, 6, 7, 8],)
+    if len(inspect.signature(metadata.add_new_req_to_recv).parameters) > 3:
+        metadata.add_new_req_to_recv(request_id, local, params, (0,), True)
+    else:  # 0.22.1
+        metadata.add_new_req_to_recv(request_id, local, params)
     meta = metadata.reqs_to_recv[request_id]
     meta.local_physical_block_ids = meta.local_block_ids
     worker._recving_metadata[request_id] = meta
@@ -208,9 +246,9 @@ def reported(worker: NixlConnectorWorker) -> tuple[bool, bool]:
     """Step the decode worker until it reports the request (bounded): whether
     it was received, and whether its load failed."""
     for _ in range(MAX_STEPS):
-        results = worker.get_transfer_results()
-        if DECODE_REQUEST in results.finished_recving:
-            return True, DECODE_REQUEST in results.failed_recving
+        finished, failed = transfer_results(worker)
+        if DECODE_REQUEST in finished:
+            return True, DECODE_REQUEST in failed
         time.sleep(STEP_S)
     return False, False
 
@@ -412,9 +450,9 @@ def test_decode_side_schedules_a_read_as_soon_as_it_fits(
     answer it has (while it is younger than HELD_ANSWER_TTL_S, made long
     here), instead of asking again at every attempt, which cost a step
     each."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import pull_scheduler
-
-    monkeypatch.setattr(pull_scheduler, "HELD_ANSWER_TTL_S", 60.0)
+    monkeypatch.setattr(
+        nixl_scheduler_module("pull_scheduler"), "HELD_ANSWER_TTL_S", 60.0
+    )
     _, params = prefill_side_finished(prefill, NUM_TOKENS)
     decode = make_scheduler(nixl_config())
     pool = decode.kv_cache_manager.block_pool
@@ -438,9 +476,9 @@ def test_decode_side_asks_again_once_its_answer_is_old(
     """A "held" answer older than HELD_ANSWER_TTL_S (made 0 here) is asked
     anew: a request that waited for room while the prefill side released
     the blocks (their lease ran out) is computed, not read."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import pull_scheduler
-
-    monkeypatch.setattr(pull_scheduler, "HELD_ANSWER_TTL_S", 0.0)
+    monkeypatch.setattr(
+        nixl_scheduler_module("pull_scheduler"), "HELD_ANSWER_TTL_S", 0.0
+    )
     finished, params = prefill_side_finished(prefill, NUM_TOKENS)
     decode = make_scheduler(nixl_config())
     pool = decode.kv_cache_manager.block_pool
@@ -505,8 +543,13 @@ def worker_output(
     MultiConnector wraps for its children in that layout (its other child
     reports none)."""
     for _ in range(MAX_STEPS):
-        results = worker.get_transfer_results()
-        if request_id in results.finished_recving:
+        if hasattr(worker, "get_transfer_results"):
+            results = worker.get_transfer_results()
+            finished = set(results.finished_recving)
+            failed = {"failed_recving": results.failed_recving}
+        else:  # 0.22.1: no failed receives in a step's output
+            finished, failed = set(worker.get_finished()[1]), {}
+        if request_id in finished:
             connector: Any = object.__new__(NixlConnector)
             connector.connector_worker = worker
             if layout == "MultiConnector":
@@ -514,9 +557,9 @@ def worker_output(
                 multi._connectors = [connector, object.__new__(StoreChild)]
                 connector = multi
             return KVConnectorOutput(
-                finished_recving=results.finished_recving,
-                failed_recving=results.failed_recving,
+                finished_recving=finished,
                 kv_connector_worker_meta=connector.build_connector_worker_meta(),
+                **failed,
             )
         time.sleep(STEP_S)
     pytest.fail(f"the decode worker never reported request {request_id!r}")
@@ -643,9 +686,9 @@ def test_prefill_side_steps_on_only_for_its_window(
 ) -> None:
     """The engine steps on for `CONFIRMED_READ_WINDOW_S` after the last
     "held" answer, then stops: an idle prefill server does not spin."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_scheduler
-
-    monkeypatch.setattr(base_scheduler, "CONFIRMED_READ_WINDOW_S", 0.5)
+    monkeypatch.setattr(
+        nixl_scheduler_module("base_scheduler"), "CONFIRMED_READ_WINDOW_S", 0.5
+    )
     request, params = prefill_side_finished(prefill, NUM_TOKENS)
     scheduled(make_scheduler(nixl_config()), params)
     released(prefill, request.request_id)

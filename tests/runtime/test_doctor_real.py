@@ -289,8 +289,9 @@ def test_declined_reads_is_checked_as_the_installed_connector_checks_it(
     models, in_multi
 ):
     """A value outside nixl-decode-confirms-reads' `DECLINED_READS` stops the
-    start-up; where the series has no such patch (0.22.1) the key is ignored,
-    which doctor says. Which of the two holds comes from the installed build's
+    start-up (0.22.1's patched connector too, whose values live in its one
+    NIXL scheduler module); where the build has no such patch the key is
+    ignored, which doctor says. Which of the two holds comes from the installed build's
     manifest, not from the sources doctor reads."""
     extra = {"kv_connector_extra_config": {"declined_reads": "fail"}}
     if in_multi:

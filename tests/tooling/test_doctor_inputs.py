@@ -11,7 +11,11 @@ from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, record_hash
 
 from vllm_overlay.doctor import diagnose
 from vllm_overlay.doctor.build import evaluated_sources, installed_build
-from vllm_overlay.doctor.gather import model_from_config_json
+from vllm_overlay.doctor.gather import (
+    NIXL_DECLINED_READS_MODULES,
+    declined_reads_values,
+    model_from_config_json,
+)
 from vllm_overlay.doctor.hf_config import find_config, hybrid_from_config
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
@@ -174,3 +178,34 @@ def test_model_facts_fall_back_to_config_json(tmp_path):
     missing = model_from_config_json(str(tmp_path / "nope"), "why")
     assert missing.hybrid is None
     assert missing.source == "why; no config.json found locally"
+
+
+@pytest.mark.parametrize(
+    "modules, values",
+    [
+        # 0.31.0 on: the pull scheduler's module holds DECLINED_READS.
+        (
+            {0: ("recompute", "kv_load_failure_policy")},
+            ("recompute", "kv_load_failure_policy"),
+        ),
+        # 0.22.1 has NIXL's one scheduler module (patched: the values there).
+        ({1: ("recompute",)}, ("recompute",)),
+        # Sources without the patch: the module, but no option.
+        ({1: None}, ()),
+        # No vLLM at all: nothing to ignore the key.
+        ({}, ()),
+    ],
+)
+def test_declined_reads_values_are_read_where_the_release_keeps_them(
+    monkeypatch, modules, values
+):
+    """doctor reads `declined_reads`' values from the module of the installed
+    sources that nixl-decode-confirms-reads puts them in: 0.22.1's patched
+    NixlConnector accepts them (nixl/scheduler.py) although it has no pull
+    scheduler, so doctor must not warn that the key is ignored there."""
+    for index, accepted in modules.items():
+        module = type(sys)(NIXL_DECLINED_READS_MODULES[index])
+        if accepted is not None:
+            module.DECLINED_READS = accepted
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    assert declined_reads_values() == values

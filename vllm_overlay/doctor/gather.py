@@ -42,9 +42,13 @@ LMCACHE_ADAPTER = "lmcache.integration.vllm.vllm_v1_adapter"
 NATIVE_LMCACHE_ADAPTER = (
     "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_integration.vllm_v1_adapter"
 )
-# Where nixl-decode-confirms-reads keeps the values of `declined_reads`
-# (0.31.0-0.33.0); 0.22.1's NixlConnector has no such module.
-NIXL_PULL_SCHEDULER = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler"
+# Where nixl-decode-confirms-reads keeps the values of `declined_reads`: the
+# pull scheduler's module (0.31.0 on), else NIXL's one scheduler module, which
+# 0.31.0 split (0.22.1).
+NIXL_DECLINED_READS_MODULES = (
+    "vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler",
+    "vllm.distributed.kv_transfer.kv_connector.v1.nixl.scheduler",
+)
 # Speculative methods whose draft has layers with a KV cache of their own,
 # besides the EAGLE-style ones (`SpeculativeConfig.uses_draft_kv_cache`,
 # 0.31.0 on; 0.22.1 allocates the same).
@@ -451,15 +455,18 @@ def declined_reads_values() -> tuple[str, ...] | None:
     its scheduler checks them when it is built (`DECLINED_READS`); () where
     the sources have no such option and ignore the key; None when the module
     does not import (`nixl_facts` says why)."""
-    try:
-        module = importlib.import_module(NIXL_PULL_SCHEDULER)
-    except ModuleNotFoundError as exc:
-        # The module or a package above it is not in these sources.
-        ours = f"{NIXL_PULL_SCHEDULER}.".startswith(f"{exc.name}.")
-        return () if exc.name and ours else None
-    except Exception:  # a NIXL that does not import, reported by nixl_facts
-        return None
-    return tuple(getattr(module, "DECLINED_READS", ()))
+    for name in NIXL_DECLINED_READS_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            # The module or a package above it is not in these sources.
+            if exc.name and f"{name}.".startswith(f"{exc.name}."):
+                continue
+            return None
+        except Exception:  # a NIXL that does not import, reported by nixl_facts
+            return None
+        return tuple(getattr(module, "DECLINED_READS", ()))
+    return ()
 
 
 def _describe(exc: BaseException) -> str:

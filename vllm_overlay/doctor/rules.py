@@ -357,9 +357,10 @@ def nixl_importable(facts: Facts) -> Iterator[Finding]:
 def nixl_declined_reads(facts: Facts) -> Iterator[Finding]:
     """`declined_reads` in NixlConnector's extra config: what becomes of a
     read the decode side declined because the prefill side no longer held
-    its blocks (nixl-decode-confirms-reads, 0.31.0-0.33.0). Its scheduler
+    its blocks (nixl-decode-confirms-reads). Its scheduler
     refuses any other value than `DECLINED_READS` when it is built
-    (nixl/pull_scheduler.py:62-73 in the patched 0.32.0); sources without
+    (nixl/pull_scheduler.py:62-73 in the patched 0.32.0, nixl/scheduler.py
+    in the patched 0.22.1); sources without
     the option ignore the key, so the operator's choice is silently lost."""
     accepted = facts.declined_reads_values
     if accepted is None:
@@ -375,8 +376,7 @@ def nixl_declined_reads(facts: Facts) -> Iterator[Finding]:
                 "not confirm a read with the prefill side (the series' "
                 "nixl-decode-confirms-reads is not in them), so a read of "
                 "released blocks is used as read",
-                "run a patched build of 0.31.0, 0.32.0 or 0.33.0 (or `vllm-overlay "
-                "serve`), or drop the key",
+                "run a patched build (or `vllm-overlay serve`), or drop the key",
             )
         elif value not in accepted:
             yield Finding(
