@@ -28,6 +28,29 @@ def nixl_config() -> KVTransferConfig:
     return KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both")
 
 
+def store_tier(store_hit: int) -> dict[str, Any]:
+    """An offloading tier's MultiConnector entry (`StoreChild`), with a hit
+    beyond the cached prefix."""
+    return {
+        "kv_connector": "StoreChild",
+        "kv_role": "kv_both",
+        "kv_connector_module_path": "scheduler_side_connector",
+        "kv_connector_extra_config": {"matched_tokens": store_hit},
+    }
+
+
+def multi_connector(*children: dict[str, Any]) -> dict[str, Any]:
+    """A MultiConnector's KV transfer config (or entry, nested) over `children`."""
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"connectors": list(children)},
+    }
+
+
+NIXL_CHILD = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+
+
 def prompt(num_tokens: int) -> list[int]:
     """The probes' shared prompt, or its first `num_tokens` tokens."""
     return [(5 * i) % 200 + 3 for i in range(num_tokens)]

@@ -30,11 +30,14 @@ from hybrid_scheduler import (
     start_scheduler,
 )
 from nixl_sides import (
+    NIXL_CHILD,
     decode_request,
+    multi_connector,
     nixl_config,
     nixl_worker,
     prefill_side_block_ids,
     prompt,
+    store_tier,
 )
 from scheduler_side_connector import child_connectors
 from vllm.config import KVTransferConfig
@@ -118,29 +121,6 @@ def test_decode_request_keeps_local_full_attention_prefix(
     blocks)."""
     scheduler = make_all_mode_hybrid_scheduler(nixl_config())
     pull_only_the_uncached_suffix(scheduler, block_size, ([], []))
-
-
-def store_tier(store_hit: int) -> dict[str, Any]:
-    """An offloading tier's MultiConnector entry (`StoreChild`), with a hit
-    beyond the cached prefix."""
-    return {
-        "kv_connector": "StoreChild",
-        "kv_role": "kv_both",
-        "kv_connector_module_path": "scheduler_side_connector",
-        "kv_connector_extra_config": {"matched_tokens": store_hit},
-    }
-
-
-def multi_connector(*children: dict[str, Any]) -> dict[str, Any]:
-    """A MultiConnector's KV transfer config (or entry, nested) over `children`."""
-    return {
-        "kv_connector": "MultiConnector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {"connectors": list(children)},
-    }
-
-
-NIXL_CHILD = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
 
 
 def schedule_decode_behind_store_tiers(
