@@ -60,7 +60,15 @@ from hybrid_scheduler import (
     hybrid_kv_cache_config,
     start_scheduler,
 )
-from nixl_sides import NIXL_CHILD, decode_request, multi_connector, prompt, store_tier
+from nixl_sides import (
+    NIXL_CHILD,
+    decode_request,
+    multi_connector,
+    nixl_config,
+    prefill_side_sent_block_ids,
+    prompt,
+    store_tier,
+)
 from scheduler_side_connector import child_connectors
 from vllm.config import (
     CacheConfig,
@@ -196,14 +204,15 @@ def offload_and_nixl(make: MakeScheduler) -> Scheduler:
     return make(KVTransferConfig(**multi_connector(store_tier(STORE_HIT), NIXL_CHILD)))
 
 
-def schedule_decode_request(scheduler: Scheduler) -> dict[str, Any]:
-    """Schedule the P/D decode request of the whole prompt and return what
-    NixlConnector's scheduler side hands its worker for it (the local block
-    ids it has the prefill side's blocks written into, per group, and the
-    blocks each group covers locally) and what the offloading tier loads."""
-    scheduler.add_request(
-        decode_request(PROMPT_BLOCKS * BLOCK_SIZE, ([], []), "decode")
-    )
+def schedule_decode_request(
+    scheduler: Scheduler, remote: tuple[list[int], ...] = ([], [])
+) -> dict[str, Any]:
+    """Schedule the P/D decode request of the whole prompt, whose prefill
+    side sent the block ids `remote`, and return what NixlConnector's
+    scheduler side hands its worker for it (the local block ids it has the
+    prefill side's blocks written into, per group, and the blocks each group
+    covers locally) and what the offloading tier loads."""
+    scheduler.add_request(decode_request(PROMPT_BLOCKS * BLOCK_SIZE, remote, "decode"))
     metadata: Any = scheduler.schedule().kv_connector_metadata
     store, _ = child_connectors(scheduler.connector)
     receive = metadata.metadata[-1].reqs_to_recv["decode"]
@@ -223,13 +232,20 @@ def test_speculating_decode_request_keeps_the_local_prefix_below_the_draft_block
     KV may hold a draft token's slot), never the P-th, and NIXL alone pulls
     the rest: the full-attention blocks after the kept hit, in order, and the
     recurrent state into the request's state block, a fresh block ahead of
-    its `num_speculative_blocks` scratch blocks. (Upstream's common hit is 0,
-    so none of the cached blocks is reused and the offloading tier loads.)"""
+    its `num_speculative_blocks` scratch blocks. The prefill side, which
+    speculates alike, sends one state block and every full-attention block of
+    the prompt; the decode side writes its last L - (P - 1) blocks and the
+    state, so the blocks it skips are exactly those it keeps. (Upstream's
+    common hit is 0, so none of the cached blocks is reused and the
+    offloading tier loads.)"""
+    remote = prefill_side_sent_block_ids(
+        make_speculating_scheduler(nixl_config()), PROMPT_BLOCKS * BLOCK_SIZE
+    )
     scheduler = offload_and_nixl(make_speculating_scheduler)
     cached = cache_prefix_without_recurrent_state(
         scheduler.kv_cache_manager, prompt(CACHED_BLOCKS * BLOCK_SIZE)
     )
-    pulled = schedule_decode_request(scheduler)
+    pulled = schedule_decode_request(scheduler, remote)
 
     attention, mamba = scheduler.kv_cache_manager.get_block_ids("decode")
     kept = CACHED_BLOCKS - 1
@@ -252,12 +268,16 @@ def test_speculating_decode_request_keeps_the_local_prefix_below_the_draft_block
         "state blocks NIXL writes": pulled["recv"][1],
         "state block fresh": (block.block_hash, block.ref_cnt),
         "scratch blocks after it": len(mamba) - cdiv(computed, BLOCK_SIZE),
+        "prefill blocks the decode side skips": len(remote[0]) - len(pulled["recv"][0]),
+        "state blocks the prefill side sends": len(remote[1]),
     } == {
         "blocks covered locally": (kept, 0),
         "full-attention blocks NIXL writes": attention[kept:],
         "state blocks NIXL writes": [state],
         "state block fresh": (None, 1),
         "scratch blocks after it": num_speculative_tokens,
+        "prefill blocks the decode side skips": kept,
+        "state blocks the prefill side sends": 1,
     }
 
 
