@@ -53,6 +53,7 @@ from vllm.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     VllmConfig,
 )
 from vllm.platforms import current_platform
@@ -175,6 +176,49 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return model_dir
 
 
+def tiny_model_config(model_dir: Path) -> ModelConfig:
+    """The `ModelConfig` of the local model directory `model_dir`."""
+    return ModelConfig(
+        model=str(model_dir),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        seed=0,
+        max_model_len=MAX_MODEL_LEN,
+    )
+
+
+def probe_vllm_config(
+    model_config: ModelConfig,
+    kv_transfer_config: KVTransferConfig | None,
+    mamba_cache_mode: str,
+    enable_prefix_caching: bool = True,
+    speculative_config: SpeculativeConfig | None = None,
+) -> VllmConfig:
+    """A real `VllmConfig` with the probes' scheduler and cache settings
+    (BLOCK_SIZE, NUM_GPU_BLOCKS): what `make_vllm_config` builds once it has
+    settled prefix caching by the host, and what a probe that needs a
+    speculative config builds directly."""
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=16,
+            max_num_batched_tokens=MAX_MODEL_LEN,
+            max_model_len=MAX_MODEL_LEN,
+            is_encoder_decoder=False,
+        ),
+        cache_config=CacheConfig(
+            block_size=BLOCK_SIZE,
+            cache_dtype="auto",
+            enable_prefix_caching=enable_prefix_caching,
+            mamba_cache_mode=mamba_cache_mode,
+        ),
+        speculative_config=speculative_config,
+        kv_transfer_config=kv_transfer_config,
+    )
+    vllm_config.cache_config.num_gpu_blocks = NUM_GPU_BLOCKS
+    return vllm_config
+
+
 @pytest.fixture(scope="session")
 def make_vllm_config(tiny_model_dir: Path, host_cpu: HostCpu) -> MakeVllmConfig:
     """Build a real `VllmConfig` for the tiny model (or the model config in
@@ -194,13 +238,7 @@ def make_vllm_config(tiny_model_dir: Path, host_cpu: HostCpu) -> MakeVllmConfig:
         mamba_cache_mode: str = "none",
         model_dir: Path | None = None,
     ) -> VllmConfig:
-        model_config = ModelConfig(
-            model=str(model_dir or tiny_model_dir),
-            skip_tokenizer_init=True,
-            dtype="float32",
-            seed=0,
-            max_model_len=MAX_MODEL_LEN,
-        )
+        model_config = tiny_model_config(model_dir or tiny_model_dir)
         linear_attention = has_linear_attention(model_config)
         assert host_cpu.amx_varied or not linear_attention, (
             f"{model_config.architecture} has linear-attention layers, for which "
@@ -208,28 +246,17 @@ def make_vllm_config(tiny_model_dir: Path, host_cpu: HostCpu) -> MakeVllmConfig:
             "the probe must take the host_amx fixture"
         )
         prefix_caching = not (host_cpu.amx and linear_attention)
-        vllm_config = VllmConfig(
-            model_config=model_config,
-            scheduler_config=SchedulerConfig(
-                max_num_seqs=16,
-                max_num_batched_tokens=MAX_MODEL_LEN,
-                max_model_len=MAX_MODEL_LEN,
-                is_encoder_decoder=False,
-            ),
-            cache_config=CacheConfig(
-                block_size=BLOCK_SIZE,
-                cache_dtype="auto",
-                enable_prefix_caching=prefix_caching,
-                mamba_cache_mode=mamba_cache_mode if prefix_caching else "none",
-            ),
-            kv_transfer_config=kv_transfer_config,
+        vllm_config = probe_vllm_config(
+            model_config,
+            kv_transfer_config,
+            mamba_cache_mode if prefix_caching else "none",
+            enable_prefix_caching=prefix_caching,
         )
         assert vllm_config.cache_config.enable_prefix_caching is prefix_caching, (
             f"vLLM turned prefix caching {'off' if prefix_caching else 'on'} for "
             f"{model_config.architecture} on a CPU host with AMX tiles "
             f"{'present' if host_cpu.amx else 'absent'}"
         )
-        vllm_config.cache_config.num_gpu_blocks = NUM_GPU_BLOCKS
         return vllm_config
 
     return make

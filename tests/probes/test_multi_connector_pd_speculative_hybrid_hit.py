@@ -50,35 +50,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import nixl_sides
 import pytest
-from conftest import MAX_MODEL_LEN, MakeScheduler
+from conftest import MakeScheduler, probe_vllm_config, tiny_model_config
 from hybrid_scheduler import (
     BLOCK_SIZE,
-    NUM_GPU_BLOCKS,
     cache_prefix_without_recurrent_state,
     generation_request,
     hybrid_kv_cache_config,
     start_scheduler,
 )
-from nixl_sides import (
-    NIXL_CHILD,
-    decode_request,
-    multi_connector,
-    nixl_config,
-    prefill_side_sent_block_ids,
-    prompt,
-    store_tier,
-)
 from scheduler_side_connector import child_connectors
-from vllm.config import (
-    CacheConfig,
-    KVTransferConfig,
-    ModelConfig,
-    ParallelConfig,
-    SchedulerConfig,
-    SpeculativeConfig,
-    VllmConfig,
-)
+from vllm.config import KVTransferConfig, ParallelConfig, SpeculativeConfig
 from vllm.utils.hashing import sha256
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -87,37 +70,17 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 from vllm.v1.kv_cache_interface import MambaSpec
 
+from ci.fixtures.tiny_configs import CONFIGS
+
 CACHED_BLOCKS = 4
 PROMPT_BLOCKS = 7
 # The offloading tier's hit, beyond the cached prefix: upstream's selection
 # lets it load the request, which must not happen on a diverged hit.
 STORE_HIT = (CACHED_BLOCKS + 2) * BLOCK_SIZE
 
-# A text-only Qwen3.5 (three GatedDeltaNet layers to one full-attention
-# layer) with one MTP layer, the smallest the config classes accept.
-QWEN3_5_MTP = {
-    "architectures": ["Qwen3_5ForCausalLM"],
-    "model_type": "qwen3_5_text",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 32,
-    "num_hidden_layers": 4,
-    "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-    "linear_num_key_heads": 1,
-    "linear_num_value_heads": 1,
-    "linear_key_head_dim": 32,
-    "linear_value_head_dim": 32,
-    "linear_conv_kernel_dim": 4,
-    "mtp_num_hidden_layers": 1,
-    "vocab_size": 256,
-    "max_position_embeddings": MAX_MODEL_LEN,
-    "rms_norm_eps": 1e-6,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "torch_dtype": "float32",
-}
+# The tiny Qwen3.5 with one MTP layer that the P/D suite serves; here only
+# its config, no weights.
+QWEN3_5_MTP = CONFIGS["tiny-qwen3.5-mtp"]
 
 # Which KV cache groups get the draft-block drop: the full-attention group,
 # where the engine puts the MTP layer when it knows the draft layers, or
@@ -145,6 +108,8 @@ def num_speculative_tokens(request: pytest.FixtureRequest) -> int:
 
 @pytest.fixture(params=list(EAGLE_GROUPS.values()), ids=list(EAGLE_GROUPS))
 def draft_group_flagged(request: pytest.FixtureRequest) -> bool:
+    """Whether the full-attention group is flagged as the draft's (else no
+    group is, and every group gets the drop)."""
     return request.param
 
 
@@ -157,36 +122,18 @@ def make_speculating_scheduler(
     config with the Mamba group's speculative blocks."""
 
     def make(kv_transfer_config: KVTransferConfig) -> Scheduler:
-        model_config = ModelConfig(
-            model=str(mtp_model_dir),
-            skip_tokenizer_init=True,
-            dtype="float32",
-            seed=0,
-            max_model_len=MAX_MODEL_LEN,
-        )
-        vllm_config = VllmConfig(
-            model_config=model_config,
-            scheduler_config=SchedulerConfig(
-                max_num_seqs=16,
-                max_num_batched_tokens=MAX_MODEL_LEN,
-                max_model_len=MAX_MODEL_LEN,
-                is_encoder_decoder=False,
-            ),
-            cache_config=CacheConfig(
-                block_size=BLOCK_SIZE,
-                cache_dtype="auto",
-                enable_prefix_caching=True,
-                mamba_cache_mode="align",
-            ),
+        model_config = tiny_model_config(mtp_model_dir)
+        vllm_config = probe_vllm_config(
+            model_config,
+            kv_transfer_config,
+            "align",
             speculative_config=SpeculativeConfig(
                 method="mtp",
                 num_speculative_tokens=num_speculative_tokens,
                 target_model_config=model_config,
                 target_parallel_config=ParallelConfig(),
             ),
-            kv_transfer_config=kv_transfer_config,
         )
-        vllm_config.cache_config.num_gpu_blocks = NUM_GPU_BLOCKS
         kv_cache_config = hybrid_kv_cache_config(
             num_speculative_blocks=num_speculative_tokens
         )
@@ -201,7 +148,13 @@ def make_speculating_scheduler(
 def offload_and_nixl(make: MakeScheduler) -> Scheduler:
     """The decode instance's scheduler under MultiConnector[offloading tier
     with a hit past the cached prefix, NixlConnector]."""
-    return make(KVTransferConfig(**multi_connector(store_tier(STORE_HIT), NIXL_CHILD)))
+    return make(
+        KVTransferConfig(
+            **nixl_sides.multi_connector(
+                nixl_sides.store_tier(STORE_HIT), nixl_sides.NIXL_CHILD
+            )
+        )
+    )
 
 
 def schedule_decode_request(
@@ -212,7 +165,9 @@ def schedule_decode_request(
     scheduler side hands its worker for it (the local block ids it has the
     prefill side's blocks written into, per group, and the blocks each group
     covers locally) and what the offloading tier loads."""
-    scheduler.add_request(decode_request(PROMPT_BLOCKS * BLOCK_SIZE, remote, "decode"))
+    scheduler.add_request(
+        nixl_sides.decode_request(PROMPT_BLOCKS * BLOCK_SIZE, remote, "decode")
+    )
     metadata: Any = scheduler.schedule().kv_connector_metadata
     store, _ = child_connectors(scheduler.connector)
     receive = metadata.metadata[-1].reqs_to_recv["decode"]
@@ -238,12 +193,12 @@ def test_speculating_decode_request_keeps_the_local_prefix_below_the_draft_block
     state, so the blocks it skips are exactly those it keeps. (Upstream's
     common hit is 0, so none of the cached blocks is reused and the
     offloading tier loads.)"""
-    remote = prefill_side_sent_block_ids(
-        make_speculating_scheduler(nixl_config()), PROMPT_BLOCKS * BLOCK_SIZE
+    remote = nixl_sides.prefill_side_sent_block_ids(
+        make_speculating_scheduler(nixl_sides.nixl_config()), PROMPT_BLOCKS * BLOCK_SIZE
     )
     scheduler = offload_and_nixl(make_speculating_scheduler)
     cached = cache_prefix_without_recurrent_state(
-        scheduler.kv_cache_manager, prompt(CACHED_BLOCKS * BLOCK_SIZE)
+        scheduler.kv_cache_manager, nixl_sides.prompt(CACHED_BLOCKS * BLOCK_SIZE)
     )
     pulled = schedule_decode_request(scheduler, remote)
 
@@ -288,7 +243,7 @@ def cache_prefix_with_its_state(
     itself (say, as an earlier turn's output): full attention and the Mamba
     state checkpoint at their end stay cached. Returns the full-attention
     block ids and the checkpoint's block id."""
-    fill = generation_request("earlier", prompt(num_blocks * BLOCK_SIZE))
+    fill = generation_request("earlier", nixl_sides.prompt(num_blocks * BLOCK_SIZE))
     manager.allocate_slots(fill, fill.num_tokens)
     fill.num_computed_tokens = fill.num_tokens
     attention, mamba = manager.get_block_ids(fill.request_id)
@@ -314,7 +269,7 @@ def test_mamba_checkpoint_at_the_draft_block_sends_decode_request_to_common_hit(
     manager = scheduler.kv_cache_manager
     cached, checkpoint = cache_prefix_with_its_state(manager, CACHED_BLOCKS)
 
-    request = decode_request(PROMPT_BLOCKS * BLOCK_SIZE, ([], []), "probe")
+    request = nixl_sides.decode_request(PROMPT_BLOCKS * BLOCK_SIZE, ([], []), "probe")
     coordinator: Any = manager.coordinator
     mamba_group = coordinator.single_type_managers[1]
     spec = mamba_group.kv_cache_spec
