@@ -142,6 +142,7 @@ LISTED_OURS = {
     "0.22.1": [
         "tests/probes/test_lmcache_real_adapter.py::test_lmcache_0_5_6_cannot_take_a_subset_of_layers",
         "tests/probes/test_lmcache_real_adapter.py::test_sliding_window_model_hands_lmcache_every_layer",
+        "tests/probes/test_multi_connector_pd_speculative_hybrid_hit.py",
         "tests/runtime/test_doctor_real.py::test_hybrid_model_with_nixl_keeps_hma_but_needs_nixl",
         "tests/runtime/test_doctor_real.py::test_hybrid_prefix_caching_needs_chunked_prefill",
         "tests/runtime/test_doctor_real.py::test_lmcache_mp_connector_settings_are_checked",
