@@ -41,7 +41,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -442,6 +442,23 @@ def test_decode_side_asks_before_the_scheduler_looks_at_a_request(
     )
 
 
+def waiting_for_room(
+    prefill: Scheduler, make_scheduler: MakeScheduler
+) -> tuple[Request, Scheduler, Request, Callable[[], None]]:
+    """A decode request answered "held" that the decode instance's first
+    attempt could not place, its cache full (every free block taken): the
+    prefill side's request, the decode scheduler, the decode request, and
+    what frees the room."""
+    finished, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(nixl_config())
+    pool = decode.kv_cache_manager.block_pool
+    taken = pool.get_new_blocks(pool.get_num_free_blocks())
+    request = arrived(decode, params)
+    decode.schedule()
+    assert request.status == RequestStatus.WAITING, "the decode cache was full"
+    return finished, decode, request, lambda: pool.free_blocks(taken)
+
+
 def test_decode_side_schedules_a_read_as_soon_as_it_fits(
     prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -453,15 +470,9 @@ def test_decode_side_schedules_a_read_as_soon_as_it_fits(
     monkeypatch.setattr(
         nixl_scheduler_module("pull_scheduler"), "HELD_ANSWER_TTL_S", 60.0
     )
-    _, params = prefill_side_finished(prefill, NUM_TOKENS)
-    decode = make_scheduler(nixl_config())
-    pool = decode.kv_cache_manager.block_pool
-    taken = pool.get_new_blocks(pool.get_num_free_blocks())
-    request = arrived(decode, params)
-    decode.schedule()
-    assert request.status == RequestStatus.WAITING, "the decode cache was full"
+    _, decode, request, free_room = waiting_for_room(prefill, make_scheduler)
 
-    pool.free_blocks(taken)
+    free_room()
     decode.schedule()
 
     assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS, (
@@ -479,16 +490,10 @@ def test_decode_side_asks_again_once_its_answer_is_old(
     monkeypatch.setattr(
         nixl_scheduler_module("pull_scheduler"), "HELD_ANSWER_TTL_S", 0.0
     )
-    finished, params = prefill_side_finished(prefill, NUM_TOKENS)
-    decode = make_scheduler(nixl_config())
-    pool = decode.kv_cache_manager.block_pool
-    taken = pool.get_new_blocks(pool.get_num_free_blocks())
-    request = arrived(decode, params)
-    decode.schedule()
-    assert request.status == RequestStatus.WAITING, "the decode cache was full"
+    finished, decode, request, free_room = waiting_for_room(prefill, make_scheduler)
 
     released(prefill, finished.request_id)
-    pool.free_blocks(taken)
+    free_room()
     for _ in range(MAX_STEPS):
         decode.schedule()
         if request.status != RequestStatus.WAITING:
