@@ -507,6 +507,49 @@ def test_decode_side_asks_again_once_its_answer_is_old(
     )
 
 
+def test_decode_side_counts_a_request_it_waited_on_once(
+    prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decode request the scheduler looked at before the prefill side's
+    answer came is counted once in the prefix cache stats, as upstream counts
+    a request it schedules at the first look: vLLM 0.22.1 records a lookup at
+    every attempt to schedule a request (v1/core/kv_cache_manager.py:226-231),
+    so an attempt deferred for the answer would count the prompt twice and
+    halve the hit rate users see. The answer is held back here until the
+    first attempt was deferred."""
+    module = nixl_scheduler_module("pull_scheduler")
+    answer_may_go = threading.Event()
+    ask = module.reads_still_held
+
+    def held_back(*args: Any) -> Any:
+        answer_may_go.wait(timeout=MAX_STEPS * STEP_S)
+        return ask(*args)
+
+    monkeypatch.setattr(module, "reads_still_held", held_back)
+    _, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(nixl_config())
+    request = generation_request(DECODE_REQUEST, prompt(NUM_TOKENS))
+    request.kv_transfer_params = dict(params)
+    decode.add_request(request)
+    decode.schedule()
+    assert request.status == RequestStatus.WAITING, "the first attempt waited"
+    answer_may_go.set()
+    for _ in range(MAX_STEPS):
+        decode.schedule()
+        if request.status != RequestStatus.WAITING:
+            break
+        time.sleep(STEP_S)
+    assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+
+    stats = decode.kv_cache_manager.make_prefix_cache_stats()
+
+    assert stats is not None
+    assert (stats.requests, stats.queries) == (1, NUM_TOKENS), (
+        f"the prefix cache stats count {stats.requests} requests of "
+        f"{stats.queries} tokens for one request of {NUM_TOKENS} tokens"
+    )
+
+
 def decode_config(layout: str, **nixl_extra_config: str) -> KVTransferConfig:
     """The decode instance's connector under upstream's default
     kv_load_failure_policy ("fail": a failed load fails the request):
