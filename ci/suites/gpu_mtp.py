@@ -51,24 +51,25 @@ from pathlib import Path
 from packaging.version import Version
 
 from ci.fixtures.tiny_model import ensure_tiny_model
-from ci.suites.pd.cases import Case, Run, multi
-from ci.suites.pd.completions import complete, complete_all
-from ci.suites.pd.metrics import decode_counts, scrape, settled_metrics
-from ci.suites.pd.mtp_verdicts import (
+from ci.suites.pd.cases import (
+    CHECKPOINTS,
     MTP,
     MTP_MULTI,
     MTP_NIXL,
     NO_SPECULATION,
-    PLAIN_NIXL,
-    Served,
+    SPECULATIVE_CONFIG,
+    Case,
+    Run,
+    multi,
 )
+from ci.suites.pd.completions import complete, complete_all
+from ci.suites.pd.metrics import decode_counts, scrape, settled_metrics
+from ci.suites.pd.mtp_verdicts import PLAIN_NIXL, Served
 from ci.suites.pd.pair import Layout, start_vllm, wait_all
 from ci.suites.pd_e2e import run_case
 from vllm_overlay.errors import OverlayError
 
-CHECKPOINT = "tiny-qwen3.5-mtp"
-NUM_SPECULATIVE_TOKENS = 2
-SPECULATIVE_CONFIG = {"method": "mtp", "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
+CHECKPOINT = CHECKPOINTS[MTP]
 # The first release with `Qwen3_5ForCausalLM` and the text model's drafter.
 MTP_FROM = Version("0.31.0")
 NOT_RUN = (

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.client import HTTPException
 from pathlib import Path
 
@@ -39,8 +39,11 @@ from ci.suites.pd.bench import BenchResult, Workload, run_bench
 from ci.suites.pd.cases import (
     CASE_BY_KEY,
     CASES,
+    CHECKPOINTS,
+    CONTROLS,
     FLOAT32_MODELS,
     MODEL_ARGS,
+    SPECULATING_MODELS,
     TABLE_HEADER,
     Case,
     Check,
@@ -52,6 +55,7 @@ from ci.suites.pd.completions import Completion, complete, complete_all, make_pr
 from ci.suites.pd.faults import CASE as FAULT_CASE
 from ci.suites.pd.faults import run_faults
 from ci.suites.pd.metrics import decode_counts, scrape, settled_metrics
+from ci.suites.pd.mtp_verdicts import judge_cpu_mtp
 from ci.suites.pd.pair import (
     DROP_IN,
     PATCHED,
@@ -231,10 +235,12 @@ def make_layout(release: str, cache: Path, cases: Sequence[Case]) -> Layout:
     }
     folders = cache_layout.pd_e2e(cache)
     models = {case.model for case in cases}
+    models |= {CONTROLS[model] for model in models if model in CONTROLS}
+    python = patched / "bin" / "python"
     layout = Layout(
         envs={build: makers[build]() for build in sorted(builds)},
         models={
-            name: ensure_tiny_model(name, folders.models, patched / "bin" / "python")
+            name: ensure_tiny_model(CHECKPOINTS.get(name, name), folders.models, python)
             for name in sorted(models)
         },
         proxy=fetch_sdist_tree(pinned_releases()[release], cache) / TOY_PROXY,
@@ -267,6 +273,9 @@ def run_pd_e2e(
         references[case.model], yardstick = run_reference(layout, case, prompts, loaded)
         if yardstick is not None:
             suite.yardsticks[case.model] = yardstick
+        if case.model in CONTROLS:
+            control = replace(case, model=CONTROLS[case.model])
+            references[control.model] = run_reference(layout, control, prompts)[0]
     for case in cases:
         for build in case.builds:
             workload = load.WORKLOAD if with_load and case.load else None
@@ -276,8 +285,8 @@ def run_pd_e2e(
                 suite.loads.append(load_run)
     compare_with_references(references, suite.runs)
     load.compare_with_yardsticks(suite.yardsticks, suite.loads)
-    suite.checks = checks(suite.runs)
-    suite.checks += load.checks(suite.loads, FLOAT32_MODELS)
+    suite.checks = checks(suite.runs) + judge_cpu_mtp(suite.runs, references)
+    suite.checks += load.checks(suite.loads, FLOAT32_MODELS, SPECULATING_MODELS)
     if faults:
         suite.checks += run_faults(layout, prompts)
         receive_checks, suite.receive_rows = run_receive_faults(

@@ -39,6 +39,19 @@ The decode side varies; the prefill side is always plain NixlConnector.
    alike: the patches' decode-side reuse has nothing to act on, so the
    patched build counts what upstream counts and answers the same.
 
+7. `mtp-nixl` and `mtp-multi`: speculative decoding, cases 1 and 2 with MTP
+   on both servers (a pair whose servers disagree on it fails every request:
+   NIXL's compatibility hash covers the speculative config), on
+   `tiny-qwen3.5-mtp`, whose head is written so that drafts are accepted and
+   the accepted-token paths run. Prefix caching is off, as it must be on a
+   CPU: there any speculative method with prefix caching on a hybrid dies at
+   the first request (`vllm-overlay doctor` says why), so the decode side
+   pulls the whole prompt on every build and the cases with prefix caching
+   are the GPU driver's (`ci/suites/gpu_mtp.py`). `ci/suites/pd/mtp_verdicts.py`
+   judges them: drafts accepted, the answers one MTP server's and one
+   server's without speculation (greedy, up to near ties), the layouts
+   counting alike.
+
 On vLLM 0.22.1 (`pd_core_cases` in patches/vllm/release-facts.toml) case 4
 and `qwen3-next-multi` run. 0.22.1's NIXL worker refuses a hybrid unless the
 conv state is stored dim-first ("3-read Mamba conv transfer requires DS conv
@@ -65,6 +78,7 @@ reported with its margin (the smallest top-two gap, the largest logprob
 difference). The other two models are float32, where that margin is real.
 """
 
+import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -78,6 +92,21 @@ from vllm_overlay.errors import OverlayError
 
 HYBRID, DENSE, MAMBA2 = "tiny-qwen3.5", "tiny-llama", "tiny-nemotron-h"
 QWEN3_NEXT = "tiny-qwen3-next"
+# The two roles of `tiny-qwen3.5-mtp` (the hybrid with an MTP head written to
+# agree with it often: `ci/fixtures/tiny_mtp.py`): speculating, and not (its
+# `mtp.*` weights unused); the checkpoint each role serves.
+MTP, NO_SPECULATION = "hybrid+mtp", "hybrid+mtp, not speculating"
+CHECKPOINTS = {MTP: "tiny-qwen3.5-mtp", NO_SPECULATION: "tiny-qwen3.5-mtp"}
+MTP_NIXL, MTP_MULTI = "mtp-nixl", "mtp-multi"
+# A model whose P/D answers are also held against one server of another
+# role: the answer without speculation.
+CONTROLS = {MTP: NO_SPECULATION}
+# The models served speculating: no output oracle under load
+# (`ci/suites/pd/load.py`).
+SPECULATING_MODELS = (MTP,)
+# What 0.31.0-0.33.0 take for Qwen3.5's text model: config/speculative.py
+# turns a `qwen3_5_text` target into its `Qwen3_5MTP` drafter.
+SPECULATIVE_CONFIG = {"method": "mtp", "num_speculative_tokens": 2}
 # The models served in float32, whose greedy output is an exact oracle under
 # batching too (see the module docstring).
 FLOAT32_MODELS = (DENSE, MAMBA2)
@@ -96,13 +125,18 @@ MODEL_ARGS: dict[str, tuple[str, ...]] = {
     QWEN3_NEXT: ("--mamba-ssm-cache-dtype", "float32"),
     DENSE: ("--dtype", "float32"),
     MAMBA2: ("--dtype", "float32"),
+    MTP: (
+        *("--mamba-ssm-cache-dtype", "float32"),
+        *("--speculative-config", json.dumps(SPECULATIVE_CONFIG)),
+    ),
+    NO_SPECULATION: ("--mamba-ssm-cache-dtype", "float32"),
 }
 # The decode cache of a case with a load run: 4,096 tokens, about three
 # requests of `ci/suites/pd/load.py`'s workload. On a CPU the Llama's blocks hold
 # 128 tokens (vllm/platforms/cpu.py:292-293 in 0.32.0); the hybrid's 384
 # (the attention block grows to fit a recurrent state), shared by its KV
 # cache groups.
-DECODE_CAP_BLOCKS = {HYBRID: 24, DENSE: 32}
+DECODE_CAP_BLOCKS = {HYBRID: 24, DENSE: 32, MTP: 24}
 DECODE_BENCH: dict[str, object] = {
     "kv_connector": "DecodeBenchConnector",
     "kv_role": "kv_both",
@@ -194,6 +228,14 @@ CASES = (
     ),
     Case("dense-multi", DENSE, multi(NIXL, DECODE_BENCH), load=True),
     Case("mamba2-multi", MAMBA2, multi(NIXL, DECODE_BENCH), prefix_caching=False),
+    Case(MTP_NIXL, MTP, NIXL, prefix_caching=False, load=True),
+    Case(
+        MTP_MULTI,
+        MTP,
+        multi(NIXL, DECODE_BENCH),
+        prefix_caching=False,
+        upstream=MTP_NIXL,
+    ),
 )
 # Case 6, for vLLM 0.22.1 only: not among the e2e release's cases.
 QWEN3_NEXT_CASES = (

@@ -25,7 +25,16 @@ load run of a build we ship (patched, drop-in) fails on:
   every build alike), and batching on the decode side changes none of its
   tokens: its oracle is the unpatched pair's output on the same P/D path,
   as for the sequential prompts (`ci/suites/pd/cases.py`), unless that run read
-  released blocks (`p_d_oracle`).
+  released blocks (`p_d_oracle`). The speculating hybrid has no such oracle
+  (`SPECULATING_MODELS`): its decode batches verify the drafts of several
+  requests together and their bfloat16 logits round otherwise with the
+  batch, so under load a few answers part from one server's on every build
+  alike (2 and 3 of 48 in the first run, unpatched and patched, where the
+  two runs parted in one request), and where they part cannot be told from
+  the text `vllm bench serve` keeps. Its answers are judged on the
+  sequential prompts, up to near ties (`ci/suites/pd/mtp_verdicts.py`),
+  and the load run on everything above but the output, which the table
+  reports.
 
 The unpatched runs are upstream's behaviour under the same load: their
 failures are printed (the table and the counts), not failed on, except the
@@ -211,11 +220,16 @@ def compare_with_yardsticks(
             )
 
 
-def checks(runs: Sequence[LoadRun], exact_models: Sequence[str]) -> list[Check]:
-    """The load verdicts of every shipped build's run (module docstring),
-    then local reuse under load: the patched MultiConnector reuses about
-    what plain NixlConnector reuses, and the unpatched one reuses nothing
-    (the control)."""
+def checks(
+    runs: Sequence[LoadRun],
+    exact_models: Sequence[str],
+    unjudged_output: Sequence[str] = (),
+) -> list[Check]:
+    """The load verdicts of every shipped build's run (module docstring;
+    no output verdict for a model of `unjudged_output`), then local reuse
+    under load: the patched MultiConnector reuses about what plain
+    NixlConnector reuses, and the unpatched one reuses nothing (the
+    control)."""
     by_key = {(run.build, run.case.key): run for run in runs}
     results = []
     for run in runs:
@@ -233,7 +247,7 @@ def checks(runs: Sequence[LoadRun], exact_models: Sequence[str]) -> list[Check]:
                     f"{n - len(run.differing)} of {n} equal",
                 )
             )
-        else:
+        elif run.case.model not in unjudged_output:
             results.append(_same_as_p_d_path(run, p_d_oracle(run, by_key)))
     results += _reuse_checks(by_key)
     return results

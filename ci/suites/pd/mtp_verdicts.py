@@ -19,15 +19,25 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ci.suites.pd.cases import Check, Run, checks, re_pulls, reuses_as
+from ci.suites.pd.cases import (
+    MTP,
+    MTP_MULTI,
+    MTP_NIXL,
+    NO_SPECULATION,
+    Check,
+    Run,
+    checks,
+    counts_as,
+    re_pulls,
+    reuses_as,
+)
 from ci.suites.pd.completions import Completion, compare
 from ci.suites.pd.metrics import DecodeCounts
 from ci.suites.pd.pair import PATCHED, UNPATCHED
 
-# The roles of the MTP checkpoint (`tiny-qwen3.5-mtp`): served with
-# `--speculative-config`, and without it (its `mtp.*` weights then unused).
-MTP, NO_SPECULATION = "hybrid+mtp", "hybrid+mtp, not speculating"
-MTP_NIXL, MTP_MULTI, PLAIN_NIXL = "mtp-nixl", "mtp-multi", "mtp-off-nixl"
+# The GPU driver's P/D case without speculation (the roles of the MTP
+# checkpoint and the speculating cases are the CPU suite's: `cases.py`).
+PLAIN_NIXL = "mtp-off-nixl"
 # A top-two logprob gap under which greedy may pick either token (nats).
 NEAR_TIE = 0.1
 ISSUE_53912 = "vllm#53912 (upstream, no patch of ours claims it)"
@@ -192,3 +202,44 @@ def repeat_notes(served: dict[tuple[str, str], Served | str]) -> list[str]:
             f"the first prompt again: {verdict} ({detail})"
         )
     return notes
+
+
+def judge_cpu_mtp(
+    runs: Sequence[Run], references: dict[str, Sequence[Completion]]
+) -> list[Check]:
+    """The CPU suite's verdicts on its MTP cases (case 7 of `cases.py`,
+    prefix caching off), beside `cases.checks`' (each served, each patched
+    output the unpatched run's of the same path): drafts were accepted on
+    every run; each patched decode answers as one MTP server and as one
+    server without speculation (greedy, up to near ties: the references of
+    the MTP and the NO_SPECULATION roles); and, nothing being cached
+    locally, the patched MultiConnector counts what its NixlConnector
+    counts."""
+    results = [
+        accepted(f"{run.build}: {run.case.label}", run.counts)
+        for run in runs
+        if run.case.model == MTP and run.counts is not None
+    ]
+    for run in runs:
+        if run.case.model != MTP or run.build != PATCHED or run.counts is None:
+            continue
+        for role, what in ((MTP, "one MTP server"), (NO_SPECULATION, "one server")):
+            if role not in references:
+                continue
+            ok, detail = greedy_agrees(references[role], run.completions)
+            name = f"{PATCHED}: {run.case.label}: output = {what}"
+            results.append(Check(f"{name} (greedy, up to near ties)", ok, detail))
+    by_key = {(run.build, run.case.key): run for run in runs}
+    multi, nixl = by_key.get((PATCHED, MTP_MULTI)), by_key.get((PATCHED, MTP_NIXL))
+    if multi and nixl and multi.counts is not None and nixl.counts is not None:
+        g, w = multi.counts, nixl.counts
+        results.append(
+            Check(
+                f"{PATCHED}: MTP, no prefix caching: MultiConnector counts "
+                "what NixlConnector counts",
+                counts_as(g, w),
+                f"pulled {g.pulled:,} (against {w.pulled:,}), computed "
+                f"{g.computed:,} (against {w.computed:,})",
+            )
+        )
+    return results
