@@ -7,7 +7,7 @@
    release facts' upstream tests against the sdist and copy them out (before
    the environment, which takes minutes on a cold cache), bring the
    release's cached environment up to date, run upstream vLLM's own tests
-   (with the series' updates to them) against it, then `tests/probes` on the
+   (with the series' updates to them) against it, beside `tests/probes` on the
    patched build (every test must pass) and the series' probes on the
    unpatched sources (each must fail; see `vllm_overlay.testing.unpatched`).
    Then `tests/runtime` (`vllm-overlay doctor` against the release).
@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -308,14 +309,57 @@ def _release_steps(outcome: Outcome, cache: Path, reports: Path) -> None:
     if venv is None:
         return  # every later step runs tests in the release's environment
 
-    if tests_dir is not None:
-        with step(outcome, UPSTREAM):
-            upstream_report = reports / f"upstream-{version}.xml"
-            upstream_report.unlink(missing_ok=True)
-            if run_upstream_tests(version, venv, tests_dir, env, upstream_report):
-                outcome.failures.append(UPSTREAM)
-            outcome.upstream = junit_counts(upstream_report)
+    with ThreadPoolExecutor(max_workers=1) as lane:
+        upstream = None
+        if tests_dir is not None:
+            upstream = lane.submit(
+                upstream_lane, outcome, venv, tests_dir, env, reports
+            )
+        _our_tests(outcome, series, venv, env, reports)
+        if upstream is not None:
+            print(upstream.result(), flush=True)
+    # The end-to-end suites run alone: each server of a P/D pair has its core.
+    if INDEX_INSTALL in outcome.steps:
+        with step(outcome, INDEX_INSTALL):
+            outcome.failures += index_install_failures(series, outcome.wheel, cache)
+    if SERVE in outcome.steps:
+        with step(outcome, SERVE):
+            serve_end_to_end(outcome, cache)
+    if PD in outcome.steps:
+        with step(outcome, PD):
+            if version == PD_E2E_RELEASE:
+                pd_end_to_end(outcome, cache, CASES, full=True)
+            else:
+                where = f"{FACTS_FILE} (pd_core_cases.{version})"
+                cases = cases_named(pd_core_cases()[version], where)
+                pd_end_to_end(outcome, cache, cases, full=False)
 
+
+def upstream_lane(
+    outcome: Outcome, venv: Path, tests_dir: Path, env: dict[str, str], reports: Path
+) -> str:
+    """Upstream's tests of `outcome`'s release, run beside our tests (two
+    pytest processes on the two cores CI has: each waits on imports and
+    subprocesses for much of its time); their output, kept in a log and
+    printed once they finished, so that the run's log reads one run at a
+    time."""
+    version = outcome.release
+    log = reports / f"upstream-{version}.log"
+    with step(outcome, UPSTREAM):
+        upstream_report = reports / f"upstream-{version}.xml"
+        upstream_report.unlink(missing_ok=True)
+        if run_upstream_tests(version, venv, tests_dir, env, upstream_report, log=log):
+            outcome.failures.append(UPSTREAM)
+        outcome.upstream = junit_counts(upstream_report)
+    return log.read_text(errors="replace") if log.is_file() else ""
+
+
+def _our_tests(
+    outcome: Outcome, series: Series, venv: Path, env: dict[str, str], reports: Path
+) -> None:
+    """`tests/probes` on the patched build, the probes on the unpatched
+    sources and `tests/runtime`."""
+    version = outcome.release
     probes = series.probe_ids
     if probes:
         # Patched: every test under tests/probes must pass, the probes and the
@@ -337,20 +381,6 @@ def _release_steps(outcome: Outcome, cache: Path, reports: Path) -> None:
         if run_probes(venv, selection, env, runtime, unpatched=False):
             outcome.failures.append("tests/runtime")
         outcome.runtime = junit_counts(runtime)
-    if INDEX_INSTALL in outcome.steps:
-        with step(outcome, INDEX_INSTALL):
-            outcome.failures += index_install_failures(series, outcome.wheel, cache)
-    if SERVE in outcome.steps:
-        with step(outcome, SERVE):
-            serve_end_to_end(outcome, cache)
-    if PD in outcome.steps:
-        with step(outcome, PD):
-            if version == PD_E2E_RELEASE:
-                pd_end_to_end(outcome, cache, CASES, full=True)
-            else:
-                where = f"{FACTS_FILE} (pd_core_cases.{version})"
-                cases = cases_named(pd_core_cases()[version], where)
-                pd_end_to_end(outcome, cache, cases, full=False)
 
 
 def serve_end_to_end(outcome: Outcome, cache: Path) -> None:

@@ -249,10 +249,12 @@ def run_upstream_tests(
     junit_xml: Path | None = None,
     worktree: bool = False,
     pytest_args: Sequence[str] = (),
+    log: Path | None = None,
 ) -> int:
     """Run the release's upstream tests in `tests_dir` (from
     `prepare_upstream_tests`) with `venv`'s Python, minus the deselections;
-    output goes straight to this process's stdout. Returns pytest's exit code.
+    output goes straight to this process's stdout, or to `log` (for a run
+    beside another). Returns pytest's exit code.
 
     `worktree` tests this checkout's series instead of the installed build
     (`vllm_overlay.testing.worktree`); `pytest_args` are passed on (`-k`, `-x`).
@@ -285,9 +287,19 @@ def run_upstream_tests(
     # `upstream_test_environment`).
     paths = [PYTEST_PLUGINS, *([REPO_ROOT] if worktree else [])]
     environment = pytest_environment(env, paths)
-    return subprocess.run(
-        command, cwd=tests_dir, env=environment, check=False
-    ).returncode
+    if log is None:
+        return subprocess.run(
+            command, cwd=tests_dir, env=environment, check=False
+        ).returncode
+    with log.open("w") as out:
+        return subprocess.run(
+            command,
+            cwd=tests_dir,
+            env=environment,
+            check=False,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        ).returncode
 
 
 def main(argv: list[str] | None = None) -> int:

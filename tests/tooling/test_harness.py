@@ -2,6 +2,8 @@
 step fails midway, the minutes each step took, and `--release-only`. The
 steps themselves are stood in for; only their order and outcomes matter."""
 
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,6 +40,27 @@ def junit(report: Path, passed: int, skipped: int = 0) -> None:
     )
 
 
+class InlineLane:
+    """The upstream tests' lane, running its job as it is handed over: the
+    steps then take their times one after the other on the fake clock (the
+    real lane runs them beside our tests: see
+    `test_upstream_tests_run_beside_ours`)."""
+
+    def __init__(self, max_workers: int) -> None:
+        pass
+
+    def __enter__(self) -> "InlineLane":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def submit(self, job, *args) -> Future:
+        done: Future = Future()
+        done.set_result(job(*args))
+        return done
+
+
 @pytest.fixture
 def steps(tmp_path, monkeypatch):
     """Stand-ins for every step of one release, each taking a known time;
@@ -57,7 +80,7 @@ def steps(tmp_path, monkeypatch):
         clock.spend(4.5)
         return tmp_path / "venv"
 
-    def upstream(version, venv, tests_dir, env, report):
+    def upstream(version, venv, tests_dir, env, report, log=None):
         clock.spend(2.5)
         runs.append("upstream")
         junit(report, 1087, skipped=1)
@@ -83,6 +106,7 @@ def steps(tmp_path, monkeypatch):
         "check_installed": lambda venv, series, dist: 0,
         "run_upstream_tests": upstream,
         "run_probes": probes,
+        "ThreadPoolExecutor": InlineLane,
         "our_deselection_args": lambda version: [],
         "serve_e2e_releases": lambda: (),
         "pd_core_cases": dict,
@@ -232,3 +256,31 @@ def test_the_install_from_the_index_is_a_step_of_its_release(
         "  host CPU (runtime, e2e):       AMX tiles absent",
     ]
     assert harness.INDEX_INSTALL not in harness.planned_steps("0.33.0")
+
+
+def test_upstream_tests_run_beside_ours(steps, tmp_path, monkeypatch, capsys):
+    """Upstream's tests run while ours do (each pytest process waits on
+    imports and subprocesses much of its time, and CI has two cores), and
+    their output is printed whole once they finished."""
+    ours_running = threading.Event()
+    seen: list[bool] = []
+
+    def upstream(version, venv, tests_dir, env, report, log=None):
+        seen.append(ours_running.wait(timeout=10))
+        junit(report, 1087, skipped=1)
+        log.write_text("upstream's own output\n")
+        return 0
+
+    def probes(venv, selection, env, report, unpatched):
+        ours_running.set()
+        junit(report, 3)
+        return 0
+
+    monkeypatch.setattr(harness, "ThreadPoolExecutor", ThreadPoolExecutor)
+    monkeypatch.setattr(harness, "run_upstream_tests", upstream)
+    monkeypatch.setattr(harness, "run_probes", probes)
+    outcome = harness.run_release_steps(RELEASE, tmp_path, tmp_path)
+    assert seen == [True]
+    assert outcome.failures == []
+    assert outcome.upstream == Counts(1087, 0, 1)
+    assert "upstream's own output" in capsys.readouterr().out
