@@ -313,7 +313,7 @@ def _release_steps(outcome: Outcome, cache: Path, reports: Path) -> None:
         upstream = None
         if tests_dir is not None:
             upstream = lane.submit(
-                upstream_lane, outcome, venv, tests_dir, env, reports
+                _upstream_lane, outcome, venv, tests_dir, env, reports
             )
         _our_tests(outcome, series, venv, env, reports)
         if upstream is not None:
@@ -335,7 +335,7 @@ def _release_steps(outcome: Outcome, cache: Path, reports: Path) -> None:
                 pd_end_to_end(outcome, cache, cases, full=False)
 
 
-def upstream_lane(
+def _upstream_lane(
     outcome: Outcome, venv: Path, tests_dir: Path, env: dict[str, str], reports: Path
 ) -> str:
     """Upstream's tests of `outcome`'s release, run beside our tests (two

@@ -103,7 +103,7 @@ def test_an_answer_that_parts_from_one_server_off_a_near_tie_fails() -> None:
         "(greedy, up to near ties)",
     ]
     # Parting where the reference's best two tokens were within a near tie
-    # (0.05 nats at token 1 of `parted`'s reference) is allowed.
+    # (a gap of 0.05 nats at token 1) is allowed.
     near = [replace(parted, gaps=(2.0, 0.05, 2.0)), ANSWERS[1]]
     assert failed(made, {MTP: ANSWERS, NO_SPECULATION: near}) == []
 

@@ -214,7 +214,8 @@ def judge_cpu_mtp(
     server without speculation (greedy, up to near ties: the references of
     the MTP and the NO_SPECULATION roles); and, nothing being cached
     locally, the patched MultiConnector counts what its NixlConnector
-    counts."""
+    counts (here, not in `cases.RELATIONS`: the GPU driver's MTP cases have
+    the same keys and prefix caching, and `judge_mtp` judges their reuse)."""
     results = [
         accepted(f"{run.build}: {run.case.label}", run.counts)
         for run in runs
