@@ -15,7 +15,11 @@ from vllm_overlay.track.edit_tree import open_series, refresh_command
 from vllm_overlay.track.extract import extract
 from vllm_overlay.track.git_source import open_git_source
 from vllm_overlay.track.judging import Verdict
-from vllm_overlay.track.lint import facts_after_rebase, lint, releases_without_sources
+from vllm_overlay.track.lint import (
+    lint,
+    releases_without_sources,
+    settle_facts_after_rebase,
+)
 from vllm_overlay.track.pin import bump_release, facts_after_pin, pin_release
 from vllm_overlay.track.probing import format_rebased
 from vllm_overlay.track.rebase import (
@@ -76,7 +80,11 @@ def _pin(args: argparse.Namespace) -> int:
         if args.dist:
             raise OverlayError("--bump takes no --dist: it changes no artifact")
         old, pin = bump_release(args.release)
-        change = "kept" if old == pin.revision else f"{old} -> {pin.revision}"
+        change = (
+            "kept: no commit holds a series under it"
+            if old == pin.revision
+            else f"{old} -> {pin.revision}"
+        )
         print(
             f"vLLM {pin.version}: recorded its series for revision {pin.revision} "
             f"(revision {change})"
@@ -222,8 +230,9 @@ def _rebase(args: argparse.Namespace) -> int:
 
 def _report_facts(release: str) -> None:
     """The release facts a new pin needs, as its sources (cached by the
-    rebase) tell: not a failure of the rebase, as `lint` fails on them."""
-    for line in facts_after_rebase(release, patches_root()):
+    rebase) tell, written where they decide it: what is left is not a
+    failure of the rebase, as `lint` fails on it."""
+    for line in settle_facts_after_rebase(release, patches_root()):
         print(f"facts    {line}")
 
 
@@ -232,16 +241,21 @@ def _report_rebase(outcome: RebaseOutcome) -> None:
         print(f"kept     {name}")
     for dropped in outcome.dropped:
         print(f"dropped  {dropped.patch}: {dropped.reason}")
-    # A series written for a pinned release is edited as a tree; one written
-    # into a folder (a rebase onto a git commit) is edited there.
+    # A series written for a pinned release is recorded under its revision;
+    # one written into a folder (a rebase onto a git commit) is edited there.
     fix = (
         "fix it by hand"
         if outcome.source
-        else f"fix its message in `vllm-overlay edit {outcome.to_release} DIR`, "
-        "then refresh"
+        else "fix it in the patch's message (the text above its `---`), then "
+        f"`vllm-overlay pin --bump {outcome.to_release}`"
     )
     for ref in outcome.references:
-        if ref.moved_to:
+        if ref.changed:
+            print(
+                f"moved    {ref.patch}: {ref.cited} -> {ref.moved_to}: {ref.changed}, "
+                "whose code changed; check what the message says of it"
+            )
+        elif ref.moved_to:
             print(f"moved    {ref.patch}: {ref.cited} -> {ref.moved_to}")
         else:
             print(f"stale    {ref.patch}: {ref.cited}: {ref.stale}; {fix}")

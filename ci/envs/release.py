@@ -47,6 +47,7 @@ from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locking import exclusive
 from vllm_overlay.series.facts import (
     EnvironmentFacts,
+    as_releases_do,
     environment_facts,
     pinned_as_tested_line,
 )
@@ -150,8 +151,8 @@ def dependency_drift(
             f"drift: pip resolved {name} {resolved}, but vLLM {release} was tested "
             f"with {version} ({source.relative_to(sdist_tree)}:{line} of its "
             f'sdist); to take that version, add "{name}" to "{release}" under '
-            f"[test_env.pinned_as_tested] in {facts_file}:{facts_line}, as vLLM "
-            f"{', '.join(takers)} does"
+            f"[test_env.pinned_as_tested] in {facts_file}:{facts_line}, "
+            f"{as_releases_do(takers)}"
         )
     return drifts
 

@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from conftest import RELEASE, make_wheel, run_cli, scheduler_edit, sha256_file
+from conftest import (
+    RELEASE,
+    make_wheel,
+    run_cli,
+    run_git,
+    scheduler_edit,
+    sha256_file,
+)
 
 from vllm_overlay.series.facts import FACTS_FILE, environment_facts
 from vllm_overlay.series.pins import load_pins
@@ -363,7 +370,8 @@ def test_bump_records_the_series_then_bumps_a_changed_one(project, capsys):
     code, out, _ = run_cli(capsys, "pin", "--bump", RELEASE)
     assert code == 0
     assert out == (
-        f"vLLM {RELEASE}: recorded its series for revision 1 (revision kept)\n"
+        f"vLLM {RELEASE}: recorded its series for revision 1 "
+        "(revision kept: no commit holds a series under it)\n"
     )
     assert lint(project.patches) == []
     assert "not recorded" not in capsys.readouterr().err
@@ -381,6 +389,34 @@ def test_bump_records_the_series_then_bumps_a_changed_one(project, capsys):
     )
     assert lint(project.patches) == []
     assert load_pins(pins_file(project))[RELEASE].revision == 2
+
+
+def test_bump_takes_no_revision_that_no_commit_holds(project, capsys):
+    """A series fixed before it was committed (stale references after a
+    rebase) keeps its uncommitted revision: no build ever had it. Once a
+    commit holds a series under it, a change takes the next one."""
+    run_git(project.root, "init", "-q")
+    run_git(project.root, "add", "-A")
+    run_git(project.root, "commit", "-qm", "pinned, no series recorded")
+    assert run_cli(capsys, "pin", "--bump", RELEASE)[0] == 0
+    edit_series(project)
+    code, out, _ = run_cli(capsys, "pin", "--bump", RELEASE)
+    assert (code, out) == (
+        0,
+        f"vLLM {RELEASE}: recorded its series for revision 1 "
+        "(revision kept: no commit holds a series under it)\n",
+    )
+    assert lint(project.patches) == []
+    run_git(project.root, "commit", "-qam", "revision 1")
+    patch = project.series_dir / "scheduler-demo.patch"
+    for reason, said in (
+        ("truly", "(revision 1 -> 2)\n"),
+        ("surely", "(revision kept"),
+    ):
+        patch.write_text(patch.read_text().replace("\nWhy, ", f"\nWhy, {reason} "))
+        assert said in run_cli(capsys, "pin", "--bump", RELEASE)[1]
+    assert load_pins(pins_file(project))[RELEASE].revision == 2
+    assert lint(project.patches) == []
 
 
 def test_bump_refuses_a_patch_git_cannot_read(project, capsys):

@@ -121,7 +121,8 @@ def test_the_messages_line_references_follow_the_code(checkout, capsys):
     assert (
         f"moved    {PATCH}: sched/scheduler.py:17-19 -> sched/scheduler.py:22-24\n"
         f"stale    {PATCH}: scheduler.py:30: the cited lines are no longer there; "
-        f"fix its message in `vllm-overlay edit {TO} DIR`, then refresh\n"
+        "fix it in the patch's message (the text above its `---`), then "
+        f"`vllm-overlay pin --bump {TO}`\n"
         f"moved    {PATCH}: :21 -> :26\n"
     ) in out
     text = (target_dir(checkout) / PATCH).read_text()
@@ -427,36 +428,82 @@ def test_a_backward_rebase_says_it_is_a_backport(checkout, capsys):
     assert f"kept     {PATCH}" in out
 
 
-def test_a_rebase_names_the_release_facts_the_new_pin_needs(checkout, capsys):
+def test_a_rebase_writes_the_since_the_new_pins_sources_decide(checkout, capsys):
     """Pinned older than an `upstream_tests` entry's `since`, a release whose
     sources have the file needs that `since`: the rebase onto it, whose
-    sources are then cached, names the entry and what to write, as `lint`
-    will; a problem TO's sources do not decide (entry 2) is left to `lint`."""
+    sources are then cached, writes it into that entry (every other byte
+    kept) and says so; a problem TO's sources do not decide (entry 2) is
+    left to `lint`."""
     facts = release_facts(checkout, RELEASE)
-    facts.write_text(
+    text = (
+        "# the harness's tests\n"
         "upstream_tests = [\n"
-        f'  {{ path = "{FACTS_TEST}", since = "{RELEASE}" }},\n'
+        f'  {{ path = "{FACTS_TEST}", since = "{RELEASE}" }},  # kept\n'
         '  { path = "tests/other_test.py", since = "9.8.5" },\n'
         "]\n"
     )
+    facts.write_text(text)
     pin_target(checkout, drifted(), version=OLDER)
     committed(checkout)
     cache_release_sources(checkout, OLDER, with_test=True)
     code, out, err = rebase(capsys, RELEASE, OLDER)
     assert code == 0, err
-    needed = (
-        f"{facts}: upstream_tests entry 1 ({FACTS_TEST}, since {RELEASE}): "
-        f'vLLM {OLDER}\'s sources have it: write since = "{OLDER}"'
-    )
     assert (
-        f"facts    {needed}\n"
-        f"facts    vLLM {OLDER} needs these in the release facts before committing; "
-        "`vllm-overlay lint` fails until then\n"
+        f"facts    {facts}: upstream_tests entry 1 ({FACTS_TEST}, since {RELEASE}): "
+        f'vLLM {OLDER}\'s sources have it: wrote since = "{OLDER}"\n'
     ) in out
     assert "entry 2" not in out
+    assert "needs these" not in out
+    assert facts.read_text() == text.replace(
+        f'since = "{RELEASE}" }},  # kept', f'since = "{OLDER}" }},  # kept'
+    )
     problems = lint(checkout.patches)
-    assert needed in problems
+    assert not any("upstream_tests entry 1" in problem for problem in problems)
     assert any("upstream_tests entry 2" in problem for problem in problems)
+
+
+def test_a_rebase_names_what_the_new_pins_sources_do_not_decide(checkout, capsys):
+    """TO's sources lack a file its entry's `since` says TO has (removed or
+    renamed upstream): which `since`, or which file, only the maintainer can
+    tell, so the rebase names it and writes nothing."""
+    facts = release_facts(checkout, RELEASE)
+    pin_target(checkout, drifted())
+    committed(checkout)
+    cache_release_sources(checkout, TO, with_test=False)
+    before = facts.read_text()
+    code, out, err = rebase(capsys, RELEASE, TO)
+    assert code == 0, err
+    assert (
+        f"facts    {facts}: upstream_tests entry 1 ({FACTS_TEST}, since {RELEASE}): "
+        f"vLLM {TO}'s sources lack it and no later pinned release's sources"
+    ) in out
+    assert (
+        f"facts    vLLM {TO} needs these in the release facts before committing; "
+        "`vllm-overlay lint` fails until then\n"
+    ) in out
+    assert facts.read_text() == before
+
+
+def test_a_since_it_cannot_write_on_one_line_is_named_not_written(checkout, capsys):
+    """An entry written as a table of several lines is not the file's form:
+    the rebase says to write the `since` by hand and leaves the file as it
+    was."""
+    facts = release_facts(checkout, RELEASE)
+    facts.write_text(
+        f'[[upstream_tests]]\npath = "{FACTS_TEST}"\nsince = "{RELEASE}"\n'
+    )
+    before = facts.read_text()
+    pin_target(checkout, drifted(), version=OLDER)
+    committed(checkout)
+    cache_release_sources(checkout, OLDER, with_test=True)
+    code, out, err = rebase(capsys, RELEASE, OLDER)
+    assert code == 0, err
+    assert (
+        f'facts    {facts}: cannot write since = "{OLDER}" into upstream_tests '
+        f"entry 1 ({FACTS_TEST}, since {RELEASE}), which must be one line holding "
+        "its path and since; write it by hand\n"
+    ) in out
+    assert facts.read_text() == before
 
 
 @pytest.mark.parametrize(

@@ -57,6 +57,72 @@ def test_lines_that_are_gone_are_stale():
     )
 
 
+def test_code_that_only_gained_or_lost_blank_lines_moves_to_its_new_span():
+    """0.31.0's `get_computed_blocks_for_connector` is 0.30.0's with one
+    blank line more: the same code, cited by its new span."""
+    spaced = NEW[SCHED].replace("line 4\n", "line 4   \n\n")
+    assert moved("sched/scheduler.py:3-5", new={**NEW, SCHED: spaced}) == (
+        "sched/scheduler.py:5-8",
+        [("sched/scheduler.py:3-5", "sched/scheduler.py:5-8")],
+    )
+    old = {**OLD, SCHED: OLD[SCHED].replace("line 4\n", "line 4\n\n")}
+    assert moved("sched/scheduler.py:3-6", old=old)[0] == "sched/scheduler.py:5-7"
+
+
+def test_blank_lines_found_twice_or_at_a_ranges_edge_are_stale():
+    spaced = "line 2\n\nline 3\n"
+    twice = NEW[SCHED].replace("line 2\nline 3\n", spaced) + spaced
+    assert moved("sched/scheduler.py:2-3", new={**NEW, SCHED: twice})[1] == [
+        ("sched/scheduler.py:2-3", "stale: the cited lines are there 2 times")
+    ]
+    old = {**OLD, SCHED: OLD[SCHED].replace("line 4\n", "\n")}
+    spaced = {**NEW, SCHED: NEW[SCHED].replace("line 4\n", " \n\n")}
+    assert moved("sched/scheduler.py:3-4", old=old, new=spaced)[1] == [
+        ("sched/scheduler.py:3-4", "stale: the cited lines are no longer there")
+    ]
+
+
+PY = "vllm/v1/core/kv_cache_manager.py"
+PY_OLD = (
+    "class A:\n    def f(self):\n        return 1\n\n"
+    "    def g(self):\n        return 2\n"
+)
+PY_NEW = (
+    "import x\n\n\nclass A:\n    def g(self):\n        return 3\n\n"
+    "    def f(self):\n        y = 2\n        return y\n"
+)
+
+
+def test_a_whole_definition_follows_it_when_its_code_changed():
+    """The range of 0.31.0's `_send_heartbeats`, whose body 0.30.0 words
+    otherwise, cites 0.30.0's `_send_heartbeats`, flagged for review."""
+    old, new = {PY: PY_OLD}, {PY: PY_NEW}
+    data = b"From x\nSubject: s\n\nsee kv_cache_manager.py:2-3 and :5-6\n---\n"
+    out, refs = retarget_series(
+        {"p.patch": data},
+        [PY],
+        lambda path: old.get(path, "").encode(),
+        lambda path: new.get(path, "").encode(),
+    )
+    assert b"see kv_cache_manager.py:8-10 and :5-6\n" in out["p.patch"]
+    assert [(r.cited, r.moved_to, r.changed) for r in refs] == [
+        ("kv_cache_manager.py:2-3", "kv_cache_manager.py:8-10", "A.f"),
+        (":5-6", ":5-6", "A.g"),
+    ]
+
+
+def test_a_range_that_is_not_one_whole_definition_stays_stale():
+    old, new = {PY: PY_OLD}, {PY: PY_NEW}
+    for cited in ("kv_cache_manager.py:3-4", "kv_cache_manager.py:3-6"):
+        assert moved(cited, old=old, new=new)[1] == [
+            (cited, "stale: the cited lines are no longer there")
+        ]
+    twice = {PY: PY_NEW + "\n\nclass A:\n    def f(self):\n        pass\n"}
+    assert moved("kv_cache_manager.py:2-3", old=old, new=twice)[1] == [
+        ("kv_cache_manager.py:2-3", "stale: the cited lines are there 2 times")
+    ]
+
+
 def test_lines_still_at_their_numbers_stay_where_the_same_lines_recur():
     assert moved("other/scheduler.py:1 and sched/scheduler.py:12") == (
         "other/scheduler.py:1 and sched/scheduler.py:12",

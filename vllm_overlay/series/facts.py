@@ -7,7 +7,7 @@ Every value is checked against the pins when it is read; a bad file is one
 """
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -15,6 +15,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from vllm_overlay import atomic
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, patches_root
 from vllm_overlay.series.deselections import release_version, within
@@ -240,6 +241,14 @@ class UpstreamTest:
         return f"upstream_tests entry {self.number} ({self.path}, since {self.since})"
 
 
+def as_releases_do(releases: Sequence[str]) -> str:
+    """`as vLLM 0.22.1 does`, `as vLLM 0.22.1 and 0.30.0 do`: the releases a
+    decision follows, named in a sentence."""
+    if len(releases) == 1:
+        return f"as vLLM {releases[0]} does"
+    return f"as vLLM {', '.join(releases[:-1])} and {releases[-1]} do"
+
+
 def upstream_tests(root: Path | None = None) -> list[UpstreamTest]:
     """The `upstream_tests` entries, in the data file's order, each checked
     for its shape (not yet against the pins: see `since_problems`)."""
@@ -271,10 +280,31 @@ def upstream_test_files(release: str, root: Path | None = None) -> list[str]:
     ]
 
 
+@dataclass(frozen=True)
+class SinceProblem:
+    """An `upstream_tests` entry whose `since` is wrong as far as the pins
+    and the sources at hand tell, with what to do about it (`advice`, ending
+    in what to write), and the `since` the sources decide where they do:
+    the first pinned release that has the path, with none older known to
+    lack it."""
+
+    test: UpstreamTest
+    advice: str
+    settled_since: str | None = None
+
+    def line(self, root: Path) -> str:
+        return f"{root / FACTS_FILE}: {self.test}: {self.advice}"
+
+
 def since_problems(root: Path, sources: Mapping[str, Path]) -> list[str]:
-    """A problem, saying what to write, for each `upstream_tests` entry whose
-    `since` is not the first pinned release that has its path, as far as
-    the pins and the sources at hand tell (`sources`: pinned release ->
+    """One line per `SinceProblem` (see `since_findings`), naming the file."""
+    return [problem.line(root) for problem in since_findings(root, sources)]
+
+
+def since_findings(root: Path, sources: Mapping[str, Path]) -> list[SinceProblem]:
+    """The problem, saying what to write, of each `upstream_tests` entry
+    whose `since` is not the first pinned release that has its path, as far
+    as the pins and the sources at hand tell (`sources`: pinned release ->
     its unpacked sdist, for those this machine has).
 
     Without sources only the pins are known: `since` must name a pinned
@@ -284,7 +314,6 @@ def since_problems(root: Path, sources: Mapping[str, Path]) -> list[str]:
     `ci/suites/deselected.toml`), and a release from `since` on whose sources lack
     it means `since` is too early, or upstream removed the file.
     """
-    where = root / FACTS_FILE
     pinned = sorted(load_pins(root / PINS_FILE), key=Version)
     problems = []
     for test in upstream_tests(root):
@@ -303,13 +332,13 @@ def since_problems(root: Path, sources: Mapping[str, Path]) -> list[str]:
         ]
         problem = _since_problem(test, pinned, having, newest_lacking)
         if problem:
-            problems.append(f"{where}: {test}: {problem}")
+            problems.append(problem)
     return problems
 
 
 def _since_problem(
     test: UpstreamTest, pinned: list[str], having: list[str], lacking: str | None
-) -> str | None:
+) -> SinceProblem | None:
     """What is wrong with `test.since`, given the pinned releases (oldest
     first), those known to have its path after the newest known to lack it,
     and that one; None when nothing is known to be wrong."""
@@ -318,25 +347,68 @@ def _since_problem(
         later = [r for r in pinned if Version(r) >= since]
         first = having[0] if having else (later[0] if later else None)
         if first is None:
-            return (
+            return SinceProblem(
+                test,
                 f"{test.since} is not a pinned release, and no pinned release is "
-                "as new; pin it, or remove the entry"
+                "as new; pin it, or remove the entry",
             )
-        return (
+        return SinceProblem(
+            test,
             f"{test.since} is not a pinned release; `since` names the first "
-            f'pinned release that has the path: write since = "{first}"'
+            f'pinned release that has the path: write since = "{first}"',
         )
     if having and Version(having[0]) < since:
-        return f'vLLM {having[0]}\'s sources have it: write since = "{having[0]}"'
+        return SinceProblem(
+            test,
+            f'vLLM {having[0]}\'s sources have it: write since = "{having[0]}"',
+            having[0],
+        )
     if lacking is not None and Version(lacking) >= since:
         if having:
-            return f'vLLM {lacking}\'s sources lack it: write since = "{having[0]}"'
-        return (
+            return SinceProblem(
+                test,
+                f'vLLM {lacking}\'s sources lack it: write since = "{having[0]}"',
+            )
+        return SinceProblem(
+            test,
             f"vLLM {lacking}'s sources lack it and no later pinned release's "
             "sources at hand have it: remove the entry, or write since = the "
-            "first pinned release after it that has it"
+            "first pinned release after it that has it",
         )
     return None
+
+
+def write_since(root: Path, test: UpstreamTest, since: str) -> None:
+    """Write `since` into `test`'s entry of the facts file, every other byte
+    kept: the entry must be the one line holding its `path` and its `since`
+    (the file's form), and the new text must parse to the old data with only
+    that `since` changed, else nothing is written."""
+    path = root / FACTS_FILE
+    text = path.read_text(encoding="utf-8")
+    old = f'since = "{test.since}"'
+    lines = text.splitlines(keepends=True)
+    at = [
+        n
+        for n, line in enumerate(lines)
+        if f'path = "{test.path}"' in line and line.count(old) == 1
+    ]
+    refusal = OverlayError(
+        f'{path}: cannot write since = "{since}" into {test}, which must be '
+        "one line holding its path and since; write it by hand"
+    )
+    if len(at) != 1:
+        raise refusal
+    lines[at[0]] = lines[at[0]].replace(old, f'since = "{since}"')
+    new_text = "".join(lines)
+    expected = tomllib.loads(text)
+    expected["upstream_tests"][test.number - 1]["since"] = since
+    try:
+        parsed = tomllib.loads(new_text)
+    except tomllib.TOMLDecodeError:
+        raise refusal from None
+    if parsed != expected:
+        raise refusal
+    atomic.write_text(path, new_text)
 
 
 def _strings(where: Path, key: str, value: object) -> tuple[str, ...]:

@@ -43,9 +43,15 @@ from packaging.version import Version
 
 from vllm_overlay import atomic, cache_layout
 from vllm_overlay.errors import OverlayError
+from vllm_overlay.git import git_run
 from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.locking import exclusive
-from vllm_overlay.series.facts import FACTS_FILE, environment_facts, upstream_tests
+from vllm_overlay.series.facts import (
+    FACTS_FILE,
+    as_releases_do,
+    environment_facts,
+    upstream_tests,
+)
 from vllm_overlay.series.loader import load_series
 from vllm_overlay.series.pins import (
     Dist,
@@ -184,8 +190,8 @@ class AsTestedRecord:
         names = ", ".join(self.names)
         return (
             f"vllm-overlay: vLLM {self.release}'s test environment takes {names} at "
-            f"the version its own test requirements pin, as vLLM "
-            f"{', '.join(self.taken_by)} does, not pip's newest: recorded in "
+            f"the version its own test requirements pin, "
+            f"{as_releases_do(self.taken_by)}, not pip's newest: recorded in "
             f"{self.path}:{self.line} ([test_env.pinned_as_tested]); "
             "edit or remove that line before committing to decide otherwise"
         )
@@ -279,10 +285,14 @@ def record_series(version: str, root: Path) -> ReleasePin:
     """Write the release's current series digest next to its revision; the
     new pin.
 
-    The revision goes up by one when a recorded series has changed; a series
-    recorded for the first time keeps it, as there is no recorded series to
-    tell a change from (`rebase` writes a new release's first series under
-    revision 1 and records it here).
+    The revision goes up by one when a recorded series has changed and a
+    commit holds a series under that revision; otherwise the revision keeps
+    its number: a series recorded for the first time has no recorded series
+    to tell a change from (`rebase` writes a new release's first series under
+    revision 1 and records it here), and fixing a series before committing it
+    (a stale reference after `rebase`) must not take a revision no commit, so
+    no build, ever had. A checkout whose commits git cannot read here counts
+    the revision as committed.
     """
     path = root / PINS_FILE
     release = resolve_release(load_pins(path), version)
@@ -296,11 +306,35 @@ def record_series(version: str, root: Path) -> ReleasePin:
         )
     if release.series_digest == series.digest:
         return release
-    revision = release.revision + 1 if release.series_digest else release.revision
+    taken = release.series_digest and _committed_series_revision(root, release)
+    revision = release.revision + 1 if taken else release.revision
     bumped = replace(series, release=replace(release, revision=revision))
     table = tomllib.loads(path.read_text(encoding="utf-8"))["releases"][release.version]
     table.update(revision=revision, series_digest=bumped.digest)
     return write_release(path, release.version, table)
+
+
+def _committed_series_revision(root: Path, release: ReleasePin) -> bool:
+    """Whether HEAD's pins file records a series under `release`'s revision
+    (or a later one); True when git cannot tell (no work tree, no commit, a
+    file that does not parse), so that the revision is then bumped."""
+    try:
+        shown = git_run(
+            root, "show", f"HEAD:./{PINS_FILE.as_posix()}", user_config=True
+        )
+    except FileNotFoundError:
+        return True
+    if shown.returncode != 0:
+        return True
+    try:
+        committed = tomllib.loads(shown.stdout).get("releases", {})
+    except tomllib.TOMLDecodeError:
+        return True
+    table = committed.get(release.version)
+    if not isinstance(table, dict) or "series_digest" not in table:
+        return False
+    revision = table.get("revision")
+    return not isinstance(revision, int) or revision >= release.revision
 
 
 def _sdist_sha256(version: str, workdir: Path) -> str:

@@ -10,11 +10,19 @@ are now. The file is the one whose path ends with the cited one (of several,
 the one the message cited last or before), and a bare `:N` is a line of the
 file cited last. A reference is left as it is, and reported as stale for
 the maintainer to fix, when its lines are not in TO's file exactly once or
-its file is ambiguous. A message line that names a release (`in 0.31.0`) is
+its file is ambiguous. Lines that only gained or lost blank lines, or
+trailing spaces, between them are the same code: such a range is found in
+TO when its exact lines are not, and moved to its new span (longer or
+shorter). A range that is exactly one function or class (from its `def`
+or `class` line to its last) follows that definition, found once by its
+qualified name in TO's file, even when its code changed: the reference
+moves and is reported for review (`changed`), as the message's words about
+it may no longer hold. A message line that names a release (`in 0.31.0`) is
 about that release and is not touched; nor is a reference to a file outside
 vLLM's package (LMCache, upstream's tests).
 """
 
+import ast
 import functools
 import re
 from collections.abc import Callable, Mapping
@@ -42,6 +50,8 @@ class Reference:
     cited: str
     moved_to: str = ""
     stale: str = ""
+    # The definition a range followed although its code changed.
+    changed: str = ""
 
 
 # The bytes of a file of the package by its path (b"" when absent).
@@ -68,6 +78,10 @@ def retarget_series(
     def lines(reader: FileReader, path: str) -> tuple[str, ...]:
         return tuple(reader(path).decode("utf-8").splitlines())
 
+    @functools.cache
+    def definitions(reader: FileReader, path: str) -> dict[tuple[int, int], str]:
+        return _definitions(reader(path))
+
     python_files = [
         name
         for name in python_files
@@ -81,6 +95,8 @@ def retarget_series(
             python_files,
             functools.partial(lines, old),
             functools.partial(lines, new),
+            functools.partial(definitions, old),
+            functools.partial(definitions, new),
         )
         moved = "".join(mover.line(line) for line in message.splitlines(keepends=True))
         references += mover.references
@@ -98,10 +114,14 @@ class _Mover:
         python_files: list[str],
         old_lines: Callable[[str], tuple[str, ...]],
         new_lines: Callable[[str], tuple[str, ...]],
+        old_definitions: Callable[[str], dict[tuple[int, int], str]],
+        new_definitions: Callable[[str], dict[tuple[int, int], str]],
     ) -> None:
         self.patch = patch
         self.python_files = python_files
         self.old_lines, self.new_lines = old_lines, new_lines
+        self.old_definitions = old_definitions
+        self.new_definitions = new_definitions
         self.cited: list[str] = []
         self.current: str | None = None
         self.references: list[Reference] = []
@@ -138,17 +158,27 @@ class _Mover:
         new = self.new_lines(self.current)
         if list(new[first - 1 : last]) == block:
             return cited
-        starts = [
-            i + 1
+        spans = [
+            (i + 1, i + len(block))
             for i in range(len(new) - len(block) + 1)
             if list(new[i : i + len(block)]) == block
-        ]
-        if len(starts) != 1:
-            why = "no longer there" if not starts else f"there {len(starts)} times"
+        ] or _spans_up_to_blank_lines(block, new)
+        changed = ""
+        if not spans and match["last"]:
+            changed = self.old_definitions(self.current).get((first, last), "")
+            spans = [
+                span
+                for span, name in self.new_definitions(self.current).items()
+                if changed and name == changed
+            ]
+        if len(spans) != 1:
+            why = "no longer there" if not spans else f"there {len(spans)} times"
             return self._stale(cited, f"the cited lines are {why}")
-        span = f"{starts[0]}-{starts[0] + last - first}" if match["last"] else starts[0]
-        moved = f"{match['path'] or ''}:{span}"
-        self.references.append(Reference(self.patch, cited, moved_to=moved))
+        start, end = spans[0]
+        moved = f"{match['path'] or ''}:{f'{start}-{end}' if match['last'] else start}"
+        self.references.append(
+            Reference(self.patch, cited, moved_to=moved, changed=changed)
+        )
         return moved
 
     def _choose(self, candidates: list[str]) -> str | None:
@@ -160,3 +190,43 @@ class _Mover:
     def _stale(self, cited: str, why: str) -> str:
         self.references.append(Reference(self.patch, cited, stale=why))
         return cited
+
+
+def _spans_up_to_blank_lines(
+    block: list[str], lines: tuple[str, ...]
+) -> list[tuple[int, int]]:
+    """Where in `lines` the code of `block` is, up to blank lines and trailing
+    spaces: the 1-based first and last line of each span whose non-blank
+    lines are the block's, from the first of them to the last. None for a
+    block that starts or ends blank (its span would be a guess)."""
+    if not block[0].strip() or not block[-1].strip():
+        return []
+    wanted = [text.rstrip() for text in block if text.strip()]
+    numbered = [(n, text.rstrip()) for n, text in enumerate(lines, 1) if text.strip()]
+    texts = [text for _, text in numbered]
+    return [
+        (numbered[k][0], numbered[k + len(wanted) - 1][0])
+        for k in range(len(texts) - len(wanted) + 1)
+        if texts[k : k + len(wanted)] == wanted
+    ]
+
+
+def _definitions(source: bytes) -> dict[tuple[int, int], str]:
+    """Every function and class of a Python file by its span (first line,
+    decorators aside, to last), named by its qualified name
+    (`Scheduler.has_requests`); none for a file that does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return {}
+    found: dict[tuple[int, int], str] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{prefix}{child.name}"
+                found[(child.lineno, child.end_lineno or child.lineno)] = name
+                visit(child, f"{name}.")
+
+    visit(tree, "")
+    return found
