@@ -15,12 +15,8 @@ from vllm_overlay.track.edit_tree import open_series, refresh_command
 from vllm_overlay.track.extract import extract
 from vllm_overlay.track.git_source import open_git_source
 from vllm_overlay.track.judging import Verdict
-from vllm_overlay.track.lint import (
-    lint,
-    releases_without_sources,
-    settle_facts_after_rebase,
-)
-from vllm_overlay.track.pin import bump_release, facts_after_pin, pin_release
+from vllm_overlay.track.lint import lint, releases_without_sources
+from vllm_overlay.track.pin import bump_release, pin_release
 from vllm_overlay.track.probing import format_rebased
 from vllm_overlay.track.rebase import (
     RebaseOutcome,
@@ -32,6 +28,7 @@ from vllm_overlay.track.rebase import (
     start_rebase_onto_source,
 )
 from vllm_overlay.track.refresh import refresh
+from vllm_overlay.track.release_facts import facts_after_pin, settle_facts_after_rebase
 from vllm_overlay.track.round_trip import refresh_check
 from vllm_overlay.track.status import (
     format_json,

@@ -168,9 +168,9 @@ def test_pinning_an_older_release_names_the_facts_entries_it_affects(
         "patches/vllm/release-facts.toml: the harness does not run these "
         "upstream_tests entries on 9.8.0, whose `since` is later:",
         f"  upstream_tests entry 2 (tests/v1/core/prefix_cache/, since {RELEASE})",
-        'write since = "9.8.0" in each one whose file vLLM 9.8.0 has; '
-        "`vllm-overlay lint` names them once its sources are cached "
-        "(`vllm-overlay rebase FROM 9.8.0` and `tools/test.sh 9.8.0` fetch them)",
+        '`vllm-overlay rebase FROM 9.8.0` writes since = "9.8.0" into each one '
+        "whose file vLLM 9.8.0's sources have; `vllm-overlay lint` checks them "
+        "once the sources are cached",
     ]
     assert run_cli(capsys, "pin", NEW, "--dist", "vllm")[1].count("\n") == 1
 

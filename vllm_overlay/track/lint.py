@@ -50,9 +50,7 @@ from vllm_overlay.series.deselections import (
 )
 from vllm_overlay.series.facts import (
     FACTS_FILE,
-    since_findings,
     since_problems,
-    write_since,
 )
 from vllm_overlay.series.loader import load_series
 from vllm_overlay.series.model import (
@@ -424,67 +422,6 @@ def release_facts(checkout: Checkout) -> list[str]:
             if not any(entry.applies_to(version) for version in checkout.pins)
         ]
     return problems
-
-
-def settle_facts_after_rebase(
-    version: str, patches_root: Path, cache: Path | None = None
-) -> list[str]:
-    """Settle what the release facts' `upstream_tests` need for a newly
-    pinned `version`, as its cached sources tell (a rebase onto it has just
-    read them), as `pin.facts_after_pin` names what pinning may have made
-    wrong; lines saying what was done and what is left.
-
-    Of the problems `facts.since_findings` finds with those sources and not
-    without them, the one the sources decide (an older pin whose sources
-    have an entry's file: its `since` becomes `version`) is written into the
-    facts file, and said; any other (an entry whose file the new release
-    lacks: removed upstream, or renamed) is named for the maintainer, as
-    `lint` names it. Else a line saying the facts fit, or that the sources
-    are not cached. Nothing for a checkout without a facts file. What does
-    not turn on `version` is `lint`'s to report."""
-    if not (patches_root / FACTS_FILE).is_file():
-        return []
-    cache = cache or cache_root()
-    pins = load_pins(patches_root / PINS_FILE)
-    sources = {
-        release: tree
-        for release, pin in pins.items()
-        if (tree := cached_sdist_tree(pin, cache)) is not None
-    }
-    if version not in sources:
-        return [
-            f"not checked: vLLM {version}'s sources are not cached; "
-            f"`vllm-overlay lint` checks them after `tools/test.sh {version}`"
-        ]
-    without = {release: tree for release, tree in sources.items() if release != version}
-    try:
-        known = {p.line(patches_root) for p in since_findings(patches_root, without)}
-        needed = [
-            p
-            for p in since_findings(patches_root, sources)
-            if p.line(patches_root) not in known
-        ]
-        lines, left = [], []
-        for problem in needed:
-            if problem.settled_since == version:
-                write_since(patches_root, problem.test, version)
-                lines.append(
-                    f"{patches_root / FACTS_FILE}: {problem.test}: vLLM {version}'s "
-                    f'sources have it: wrote since = "{version}"'
-                )
-            else:
-                left.append(problem.line(patches_root))
-    except OverlayError as exc:
-        return [str(exc)]
-    if not needed:
-        return [f"the release facts' upstream_tests fit vLLM {version}'s sources"]
-    if left:
-        lines += [
-            *left,
-            f"vLLM {version} needs these in the release facts before committing; "
-            "`vllm-overlay lint` fails until then",
-        ]
-    return lines
 
 
 # Every check of `vllm-overlay lint`, in the order its problems are listed.

@@ -50,7 +50,6 @@ from vllm_overlay.series.facts import (
     FACTS_FILE,
     as_releases_do,
     environment_facts,
-    upstream_tests,
 )
 from vllm_overlay.series.loader import load_series
 from vllm_overlay.series.pins import (
@@ -136,39 +135,6 @@ def pin_release(
             for _, wheel, _ in wheels:
                 os.replace(wheel, cache_layout.wheels(cache) / wheel.name)
     return pin
-
-
-def facts_after_pin(version: str, root: Path | None = None) -> list[str]:
-    """Lines naming the `upstream_tests` entries of the release facts whose
-    `since` is later than the newly pinned `version`, or none.
-
-    `since` names the first pinned release that has a file, so pinning an
-    older release can make any of these wrong: those files the new release
-    has must now name it. Which ones it has is known only from its sources,
-    which `pin` does not keep; `lint` checks them once they are cached.
-    """
-    root = root or patches_root()
-    if not (root / FACTS_FILE).is_file():
-        return []
-    try:
-        later = [
-            test
-            for test in upstream_tests(root)
-            if Version(test.since) > Version(version)
-        ]
-    except OverlayError as exc:
-        return [f"the release facts were not checked against vLLM {version}: {exc}"]
-    if not later:
-        return []
-    return [
-        f"patches/{FACTS_FILE.as_posix()}: the harness does not run these "
-        f"upstream_tests entries on {version}, whose `since` is later:",
-        *(f"  {test}" for test in later),
-        f'write since = "{version}" in each one whose file vLLM {version} has; '
-        "`vllm-overlay lint` names them once its sources are cached "
-        f"(`vllm-overlay rebase FROM {version}` and `tools/test.sh {version}` "
-        "fetch them)",
-    ]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,117 @@
+"""The release facts a newly pinned release needs: what `pin` names, and
+what `rebase` writes once the release's sources are cached.
+
+`upstream_tests` entries name the first pinned release that has each of
+upstream's test files (`series/facts.py`), so pinning a release older than
+some `since` can make that `since` wrong; only the new release's sources
+tell which.
+"""
+
+from pathlib import Path
+
+from packaging.version import Version
+
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
+from vllm_overlay.series.facts import (
+    FACTS_FILE,
+    since_findings,
+    upstream_tests,
+    write_since,
+)
+from vllm_overlay.series.pins import load_pins
+from vllm_overlay.upstream.fetch import cached_sdist_tree
+
+
+def facts_after_pin(version: str, root: Path | None = None) -> list[str]:
+    """Lines naming the `upstream_tests` entries of the release facts whose
+    `since` is later than the newly pinned `version`, or none.
+
+    `since` names the first pinned release that has a file, so pinning an
+    older release can make any of these wrong: those files the new release
+    has must now name it. Which ones it has is known only from its sources,
+    which `pin` does not keep; `settle_facts_after_rebase` writes them once
+    a rebase has cached them.
+    """
+    root = root or patches_root()
+    if not (root / FACTS_FILE).is_file():
+        return []
+    try:
+        later = [
+            test
+            for test in upstream_tests(root)
+            if Version(test.since) > Version(version)
+        ]
+    except OverlayError as exc:
+        return [f"the release facts were not checked against vLLM {version}: {exc}"]
+    if not later:
+        return []
+    return [
+        f"patches/{FACTS_FILE.as_posix()}: the harness does not run these "
+        f"upstream_tests entries on {version}, whose `since` is later:",
+        *(f"  {test}" for test in later),
+        f'`vllm-overlay rebase FROM {version}` writes since = "{version}" into '
+        f"each one whose file vLLM {version}'s sources have; `vllm-overlay lint` "
+        "checks them once the sources are cached",
+    ]
+
+
+def settle_facts_after_rebase(
+    version: str, patches_root: Path, cache: Path | None = None
+) -> list[str]:
+    """Settle what the release facts' `upstream_tests` need for a newly
+    pinned `version`, as its cached sources tell (a rebase onto it has just
+    read them), as `facts_after_pin` names what pinning may have made
+    wrong; lines saying what was done and what is left.
+
+    Of the problems `facts.since_findings` finds with those sources and not
+    without them, the one the sources decide (an older pin whose sources
+    have an entry's file: its `since` becomes `version`) is written into the
+    facts file, and said; any other (an entry whose file the new release
+    lacks: removed upstream, or renamed) is named for the maintainer, as
+    `lint` names it. Else a line saying the facts fit, or that the sources
+    are not cached. Nothing for a checkout without a facts file. What does
+    not turn on `version` is `lint`'s to report."""
+    if not (patches_root / FACTS_FILE).is_file():
+        return []
+    cache = cache or cache_root()
+    pins = load_pins(patches_root / PINS_FILE)
+    sources = {
+        release: tree
+        for release, pin in pins.items()
+        if (tree := cached_sdist_tree(pin, cache)) is not None
+    }
+    if version not in sources:
+        return [
+            f"not checked: vLLM {version}'s sources are not cached; "
+            f"`vllm-overlay lint` checks them after `tools/test.sh {version}`"
+        ]
+    without = {release: tree for release, tree in sources.items() if release != version}
+    try:
+        known = {p.line(patches_root) for p in since_findings(patches_root, without)}
+        needed = [
+            p
+            for p in since_findings(patches_root, sources)
+            if p.line(patches_root) not in known
+        ]
+        lines, left = [], []
+        for problem in needed:
+            if problem.settled_since == version:
+                write_since(patches_root, problem.test, version)
+                lines.append(
+                    f"{patches_root / FACTS_FILE}: {problem.test}: vLLM {version}'s "
+                    f'sources have it: wrote since = "{version}"'
+                )
+            else:
+                left.append(problem.line(patches_root))
+    except OverlayError as exc:
+        return [str(exc)]
+    if not needed:
+        return [f"the release facts' upstream_tests fit vLLM {version}'s sources"]
+    if left:
+        lines += [
+            *left,
+            f"vLLM {version} needs these in the release facts before committing; "
+            "`vllm-overlay lint` fails until then",
+        ]
+    return lines
