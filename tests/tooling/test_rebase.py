@@ -428,13 +428,26 @@ def test_a_backward_rebase_says_it_is_a_backport(checkout, capsys):
     assert f"kept     {PATCH}" in out
 
 
+def rebase_onto_older(checkout, capsys, facts_text: str) -> tuple[Path, str]:
+    """Rebase onto `OLDER`, pinned below every series, whose cached sources
+    have `FACTS_TEST`, with the release facts `facts_text`: the facts file
+    and what the rebase printed."""
+    facts = release_facts(checkout, RELEASE)
+    facts.write_text(facts_text)
+    pin_target(checkout, drifted(), version=OLDER)
+    committed(checkout)
+    cache_release_sources(checkout, OLDER, with_test=True)
+    code, out, err = rebase(capsys, RELEASE, OLDER)
+    assert code == 0, err
+    return facts, out
+
+
 def test_a_rebase_writes_the_since_the_new_pins_sources_decide(checkout, capsys):
     """Pinned older than an `upstream_tests` entry's `since`, a release whose
     sources have the file needs that `since`: the rebase onto it, whose
     sources are then cached, writes it into that entry (every other byte
     kept) and says so; a problem TO's sources do not decide (entry 2) is
     left to `lint`."""
-    facts = release_facts(checkout, RELEASE)
     text = (
         "# the harness's tests\n"
         "upstream_tests = [\n"
@@ -442,12 +455,7 @@ def test_a_rebase_writes_the_since_the_new_pins_sources_decide(checkout, capsys)
         '  { path = "tests/other_test.py", since = "9.8.5" },\n'
         "]\n"
     )
-    facts.write_text(text)
-    pin_target(checkout, drifted(), version=OLDER)
-    committed(checkout)
-    cache_release_sources(checkout, OLDER, with_test=True)
-    code, out, err = rebase(capsys, RELEASE, OLDER)
-    assert code == 0, err
+    facts, out = rebase_onto_older(checkout, capsys, text)
     assert (
         f"facts    {facts}: upstream_tests entry 1 ({FACTS_TEST}, since {RELEASE}): "
         f'vLLM {OLDER}\'s sources have it: wrote since = "{OLDER}"\n'
@@ -488,16 +496,8 @@ def test_a_since_it_cannot_write_on_one_line_is_named_not_written(checkout, caps
     """An entry written as a table of several lines is not the file's form:
     the rebase says to write the `since` by hand and leaves the file as it
     was."""
-    facts = release_facts(checkout, RELEASE)
-    facts.write_text(
-        f'[[upstream_tests]]\npath = "{FACTS_TEST}"\nsince = "{RELEASE}"\n'
-    )
-    before = facts.read_text()
-    pin_target(checkout, drifted(), version=OLDER)
-    committed(checkout)
-    cache_release_sources(checkout, OLDER, with_test=True)
-    code, out, err = rebase(capsys, RELEASE, OLDER)
-    assert code == 0, err
+    before = f'[[upstream_tests]]\npath = "{FACTS_TEST}"\nsince = "{RELEASE}"\n'
+    facts, out = rebase_onto_older(checkout, capsys, before)
     assert (
         f'facts    {facts}: cannot write since = "{OLDER}" into upstream_tests '
         f"entry 1 ({FACTS_TEST}, since {RELEASE}), which must be one line holding "
