@@ -48,10 +48,7 @@ from vllm_overlay.series.deselections import (
     UPSTREAM_DESELECTIONS_FILE,
     load_deselections,
 )
-from vllm_overlay.series.facts import (
-    FACTS_FILE,
-    since_problems,
-)
+from vllm_overlay.series.facts import FACTS_FILE, since_problems
 from vllm_overlay.series.loader import load_series
 from vllm_overlay.series.model import (
     PACKAGE_DIR,

@@ -166,11 +166,12 @@ class _Mover:
         changed = ""
         if not spans and match["last"]:
             changed = self.old_definitions(self.current).get((first, last), "")
-            spans = [
-                span
-                for span, name in self.new_definitions(self.current).items()
-                if changed and name == changed
-            ]
+            if changed:
+                spans = [
+                    span
+                    for span, name in self.new_definitions(self.current).items()
+                    if name == changed
+                ]
         if len(spans) != 1:
             why = "no longer there" if not spans else f"there {len(spans)} times"
             return self._stale(cited, f"the cited lines are {why}")
@@ -197,7 +198,7 @@ def _spans_up_to_blank_lines(
 ) -> list[tuple[int, int]]:
     """Where in `lines` the code of `block` is, up to blank lines and trailing
     spaces: the 1-based first and last line of each span whose non-blank
-    lines are the block's, from the first of them to the last. None for a
+    lines are the block's, from the first of them to the last. Nothing for a
     block that starts or ends blank (its span would be a guess)."""
     if not block[0].strip() or not block[-1].strip():
         return []

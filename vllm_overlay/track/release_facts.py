@@ -94,18 +94,22 @@ def settle_facts_after_rebase(
             for p in since_findings(patches_root, sources)
             if p.line(patches_root) not in known
         ]
-        lines, left = [], []
-        for problem in needed:
-            if problem.settled_since == version:
-                write_since(patches_root, problem.test, version)
-                lines.append(
-                    f"{patches_root / FACTS_FILE}: {problem.test}: vLLM {version}'s "
-                    f'sources have it: wrote since = "{version}"'
-                )
-            else:
-                left.append(problem.line(patches_root))
     except OverlayError as exc:
         return [str(exc)]
+    lines, left = [], []
+    for problem in needed:
+        if problem.settled_since != version:
+            left.append(problem.line(patches_root))
+            continue
+        try:
+            write_since(patches_root, problem.test, version)
+        except OverlayError as exc:
+            # Said with what was written before it, which stays written.
+            return [*lines, str(exc)]
+        lines.append(
+            f"{patches_root / FACTS_FILE}: {problem.test}: vLLM {version}'s "
+            f'sources have it: wrote since = "{version}"'
+        )
     if not needed:
         return [f"the release facts' upstream_tests fit vLLM {version}'s sources"]
     if left:
