@@ -425,9 +425,13 @@ def _table(commands: Commands) -> argparse.ArgumentParser:
         commands, "table", f"print the generated {TABLE_FILE} (or --write / --check it)"
     )
     mode = table.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help=f"rewrite {TABLE_FILE}")
     mode.add_argument(
-        "--check", action="store_true", help=f"fail if {TABLE_FILE} is out of date"
+        "--write",
+        action="store_true",
+        help=f"rewrite {TABLE_FILE} and README's table of pinned releases",
+    )
+    mode.add_argument(
+        "--check", action="store_true", help="fail if either is out of date"
     )
     return table
 

@@ -18,6 +18,11 @@ from vllm_overlay.track.judging import Verdict
 from vllm_overlay.track.lint import lint, releases_without_sources
 from vllm_overlay.track.pin import bump_release, pin_release
 from vllm_overlay.track.probing import format_rebased
+from vllm_overlay.track.readme_table import (
+    README_FILE,
+    render_release_table,
+    with_release_table,
+)
 from vllm_overlay.track.rebase import (
     RebaseOutcome,
     abort_rebase,
@@ -101,19 +106,32 @@ def _pin(args: argparse.Namespace) -> int:
 def _table(args: argparse.Namespace) -> int:
     root = patches_root()
     table = render_table(root)
-    target = root.parent / TABLE_FILE
-    if args.write:
-        atomic.write_text(target, table)
-        print(f"wrote {target}")
+    if not (args.write or args.check):
+        print(table, end="")
         return 0
+    readme = root.parent / README_FILE
+    if not readme.is_file():
+        raise OverlayError(f"no {readme}: its table of pinned releases is generated")
+    generated = {
+        root.parent / TABLE_FILE: table,
+        readme: with_release_table(
+            readme.read_text(encoding="utf-8"), render_release_table(root), readme
+        ),
+    }
     if args.check:
-        current = target.read_text(encoding="utf-8") if target.is_file() else ""
-        if current != table:
+        stale = [
+            str(target)
+            for target, text in generated.items()
+            if not target.is_file() or target.read_text(encoding="utf-8") != text
+        ]
+        if stale:
             raise OverlayError(
-                f"{target} is out of date; run `vllm-overlay table --write`"
+                f"{' and '.join(stale)} out of date; run `vllm-overlay table --write`"
             )
         return 0
-    print(table, end="")
+    for target, text in generated.items():
+        atomic.write_text(target, text)
+        print(f"wrote {target}")
     return 0
 
 

@@ -15,6 +15,12 @@ import pytest
 
 from vllm_overlay.cli import main
 from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
+from vllm_overlay.track.readme_table import (
+    BEGIN,
+    END,
+    README_FILE,
+    render_release_table,
+)
 
 pytest_plugins = ["pytester"]
 
@@ -244,6 +250,10 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Project:
             {SCHEDULER: SCHEDULER_SOURCE},
             {SCHEDULER: scheduler_edit(20, "line twenty, patched")},
         ),
+    )
+    # README's generated table of pinned releases, current.
+    (proj.root / README_FILE).write_text(
+        f"# demo\n\n{BEGIN}\n{render_release_table(proj.patches)}{END}\n\nMore.\n"
     )
     monkeypatch.setenv("VLLM_OVERLAY_PATCHES", str(proj.patches))
     monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(proj.cache))

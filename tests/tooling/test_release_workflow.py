@@ -1,9 +1,11 @@
 """`.github/workflows/release.yml` cannot run here, so its shape is checked:
-it builds every pinned release from every pinned distribution on every
-pinned architecture, makes an image of every release pinned from `vllm`,
-and attaches what the issue asks (SBOM, sums, attestations, the index on
-Pages). The pins are read from releases.toml, never listed here."""
+it builds what `python -m ci.pinned` derives from releases.toml (every pinned
+release from every pinned distribution, on every pinned architecture), makes
+an image of every pinned release, and attaches what the issue asks (SBOM,
+sums, attestations, the index on Pages). `ci.yml`'s GPU job takes its
+releases from the pins too. No release is listed in a workflow or here."""
 
+import json
 import re
 from pathlib import Path
 
@@ -11,13 +13,13 @@ import pytest
 import yaml
 from packaging.version import Version
 
-from vllm_overlay.arguments import build_parser
+from ci.pinned import builds_here, main, release_matrix
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.loader import pinned_releases
-from vllm_overlay.series.pins import Dist
 
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "release.yml"
-BUILD = re.compile(r"^\s*tools/apply\.sh (\S+) --dist (\S+)\s*$", re.MULTILINE)
+CI_WORKFLOW = REPO_ROOT / ".github" / "workflows" / "ci.yml"
+PINNED_MATRIX = "${{ fromJSON(needs.pins.outputs.releases) }}"
 # The architecture of a wheel's platform tag, and of a hosted runner's label.
 ARCH = re.compile(r"_(x86_64|aarch64)$")
 
@@ -35,14 +37,6 @@ def runs(job: dict) -> str:
 
 def uses(job: dict) -> list[str]:
     return [step["uses"].split("@")[0] for step in job["steps"] if "uses" in step]
-
-
-def pinned_builds() -> set[tuple[str, str]]:
-    return {
-        (version, str(wheel.dist))
-        for version, pin in pinned_releases(REPO_ROOT / "patches").items()
-        for wheel in pin.wheels
-    }
 
 
 def pinned_arches() -> set[str]:
@@ -66,17 +60,16 @@ def problems(workflow: dict) -> list[str]:
     if "workflow_dispatch" not in triggers or "tags" not in triggers.get("push", {}):
         found.append("runs on neither a tag push nor workflow_dispatch")
     jobs = workflow["jobs"]
-    built = set(BUILD.findall(runs(jobs["wheels"])))
-    for release, dist in sorted(pinned_builds() - built):
-        found.append(f"does not build {release} from {dist}")
-    for release, dist in sorted(built - pinned_builds()):
-        found.append(f"builds {release} from {dist}, which is not pinned")
+    found += pins_job_problems(jobs)
+    if not re.search(
+        r"^\s*python -m ci\.pinned build dist\s*$", runs(jobs["wheels"]), re.M
+    ):
+        found.append(
+            "does not build the pinned wheels with `python -m ci.pinned build`"
+        )
     arches = {runner_arch(r) for r in jobs["wheels"]["strategy"]["matrix"]["runner"]}
     found += [f"builds no {arch} wheel" for arch in sorted(pinned_arches() - arches)]
-    images = set(jobs["images"]["strategy"]["matrix"]["release"])
-    from_vllm = {release for release, dist in pinned_builds() if dist == Dist.VLLM}
-    found += [f"makes no image of {r}" for r in sorted(from_vllm - images)]
-    found += [f"makes an image of unpinned {r}" for r in sorted(images - from_vllm)]
+    found += matrix_problems(jobs["images"], "images")
     if not re.search(r"cyclonedx-bom==\d+(\.\d+)+\b", runs(jobs["wheels"])):
         found.append("installs no pinned cyclonedx-bom")
     for job, action in [
@@ -98,21 +91,70 @@ def problems(workflow: dict) -> list[str]:
     return found
 
 
+def pins_job_problems(jobs: dict) -> list[str]:
+    """The `pins` job the matrices read: it prints the pinned releases."""
+    pins = jobs.get("pins")
+    if pins is None:
+        return ["has no pins job"]
+    if "python -m ci.pinned releases" not in runs(pins):
+        return ["its pins job does not run `python -m ci.pinned releases`"]
+    return []
+
+
+def matrix_problems(job: dict, name: str) -> list[str]:
+    """A per-release job must take its releases from the pins job."""
+    needs = job.get("needs", [])
+    if job["strategy"]["matrix"]["release"] != PINNED_MATRIX or "pins" not in (
+        [needs] if isinstance(needs, str) else needs
+    ):
+        return [f"job {name} lists its releases instead of reading the pins job"]
+    return []
+
+
 def test_the_release_workflow_builds_every_pin_and_attaches_everything():
     assert problems(load(WORKFLOW)) == []
 
 
-def test_a_release_left_out_is_caught(tmp_path):
+def test_the_gpu_job_takes_every_pinned_release():
+    jobs = load(CI_WORKFLOW)["jobs"]
+    assert pins_job_problems(jobs) + matrix_problems(jobs["gpu"], "gpu") == []
+
+
+def test_a_release_list_written_by_hand_is_caught(tmp_path):
     text = WORKFLOW.read_text(encoding="utf-8")
-    newest = max(pinned_releases(REPO_ROOT / "patches"), key=Version)
-    line = re.compile(rf"^ *tools/apply\.sh {re.escape(newest)} --dist vllm\n", re.M)
-    left_out = line.sub("", text).replace(f'"{newest}"]', "]")
+    listed = json.dumps(release_matrix(REPO_ROOT / "patches"))
     workflow = tmp_path / "release.yml"
-    workflow.write_text(left_out)
+    workflow.write_text(text.replace(PINNED_MATRIX, listed))
     assert problems(load(workflow)) == [
-        f"does not build {newest} from vllm",
-        f"makes no image of {newest}",
+        "job images lists its releases instead of reading the pins job"
     ]
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_the_builds_are_every_pinned_wheel_of_the_platform(arch):
+    pins = pinned_releases(REPO_ROOT / "patches")
+    tags = {
+        tag
+        for pin in pins.values()
+        for wheel in pin.wheels
+        for tag in wheel.tags
+        if tag.platform.endswith(arch)
+    }
+    assert {
+        (version, str(dist))
+        for version, dist in builds_here(REPO_ROOT / "patches", tags)
+    } == {
+        (version, str(wheel.dist))
+        for version, pin in pins.items()
+        for wheel in pin.wheels
+        if wheel.tags & tags
+    }
+
+
+def test_pinned_releases_print_as_a_json_matrix(capsys):
+    assert main(["releases"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == sorted(pinned_releases(REPO_ROOT / "patches"), key=Version)
 
 
 def test_an_unchecked_asset_name_is_caught(tmp_path):
@@ -129,22 +171,11 @@ def test_an_unchecked_asset_name_is_caught(tmp_path):
     ]
 
 
-def test_an_unpinned_build_and_a_missing_platform_are_caught(tmp_path):
+def test_a_missing_platform_is_caught(tmp_path):
     text = WORKFLOW.read_text(encoding="utf-8")
-    build = "          tools/apply.sh {} --dist vllm\n"
     changed = text.replace(
-        build.format("0.33.0"), build.format("0.33.0") + build.format("0.9.0")
-    ).replace("runner: [ubuntu-24.04, ubuntu-24.04-arm]", "runner: [ubuntu-24.04]")
+        "runner: [ubuntu-24.04, ubuntu-24.04-arm]", "runner: [ubuntu-24.04]"
+    )
     workflow = tmp_path / "release.yml"
     workflow.write_text(changed)
-    assert problems(load(workflow)) == [
-        "builds 0.9.0 from vllm, which is not pinned",
-        "builds no aarch64 wheel",
-    ]
-
-
-@pytest.mark.parametrize("line", BUILD.findall(WORKFLOW.read_text(encoding="utf-8")))
-def test_each_build_line_is_a_valid_build_command(line):
-    release, dist = line
-    args = build_parser().parse_args(["build", release, "--dist", dist])
-    assert (args.release, args.dist) == (release, dist)
+    assert problems(load(workflow)) == ["builds no aarch64 wheel"]

