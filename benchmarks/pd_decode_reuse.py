@@ -20,7 +20,9 @@ another's prefix cached): on the CPU layout, 4 requests per client and at
 least 16 (16, 16, 48 at concurrency 1, 4, 12), so a cell of one request at
 a time takes about as long as one of many; the rounds repeat that. Per cell and arm: the
 median over rounds of median and p99 TTFT, median TPOT, output tokens/s,
-the decode server's local-hit and pulled prompt tokens, and the prefill
+the decode server's local-hit and pulled prompt tokens, the CPU seconds
+each server's processes used (on the CPU layout a server's busy core slows
+the other: the client and the proxy run on either), and the prefill
 side's expired leases and reads of blocks it had released (`ci/suites/pd/load.py`);
 every ratio is printed as its median over rounds
 with its spread (min-max), each round's ratio taken between runs of the
@@ -58,6 +60,7 @@ from ci.suites.pd.pair import (
     wait_all,
 )
 from ci.suites.pd_e2e import make_layout
+from ci.suites.servers import Server, session_cpu_seconds
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
 from vllm_overlay.series.facts import e2e_release
@@ -101,6 +104,9 @@ class Sample:
     counts: DecodeCounts | None
     expired_leases: int
     released_reads: int
+    # CPU seconds each server used over the run: the one server's, or the
+    # prefill and the decode server's.
+    cpu_s: tuple[float, ...] = ()
 
 
 # (cache, concurrency) -> arm name -> one Sample per round.
@@ -135,6 +141,7 @@ def run_arm(
             wait_all([(server, port, "/health")])
             target, decode_port = port, None
             prefill_log: Path | None = None
+            servers: tuple[Server, ...] = (server,)
         else:
             pair = start_pair(
                 stack,
@@ -148,10 +155,12 @@ def run_arm(
             )
             target, decode_port = pair.proxy_port, pair.decode_port
             prefill_log = pair.prefill.log
+            servers = (pair.prefill, pair.decode)
         for workload in workloads:
             before = scrape(decode_port) if decode_port else None
             expired = count_lines(prefill_log, EXPIRED_LEASE) if prefill_log else 0
             released = count_lines(prefill_log, INVALID_READ) if prefill_log else 0
+            cpu_before = [session_cpu_seconds(s.proc.pid) for s in servers]
             bench = run_bench(
                 layout.envs[UNPATCHED],
                 target,
@@ -159,6 +168,10 @@ def run_arm(
                 workload,
                 layout.logs / f"bench-{tag}-c{workload.concurrency}.json",
                 layout.vllm_cache,
+            )
+            cpu_s = tuple(
+                session_cpu_seconds(s.proc.pid) - b
+                for s, b in zip(servers, cpu_before, strict=True)
             )
             counts = None
             if before is not None and decode_port is not None:
@@ -172,7 +185,7 @@ def run_arm(
                     f"{bench.failed} failed ({bench.failures[:1]})",
                     flush=True,
                 )
-            samples.append(Sample(bench, counts, expired, released))
+            samples.append(Sample(bench, counts, expired, released, cpu_s))
     return samples
 
 
@@ -254,9 +267,10 @@ def arm_table(results: Results, rounds: int, cells: Sequence[Workload]) -> None:
     print(
         "| decode cache | concurrency | arm | median TTFT | p99 TTFT | median TPOT | "
         "output tok/s | runs delivered in a burst | local hit / pulled (decode) | "
-        "expired leases | reads of released blocks | failed |"
+        "CPU s (prefill / decode) | expired leases | reads of released blocks | "
+        "failed |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (cache, c), cell in results.items():
         for name, samples in cell.items():
             benches = [s.bench for s in samples]
@@ -275,10 +289,17 @@ def arm_table(results: Results, rounds: int, cells: Sequence[Workload]) -> None:
                 f"{median([b.output_throughput for b in benches]):.1f} | "
                 f"{sum(1 for b in benches if b.median_tpot_s < BURST_TPOT_S)} | "
                 f"{reuse} | "
+                f"{cpu_seconds(samples)} | "
                 f"{sum(s.expired_leases for s in samples)} | "
                 f"{sum(s.released_reads for s in samples)} | "
                 f"{sum(b.failed for b in benches)} |"
             )
+
+
+def cpu_seconds(samples: Sequence[Sample]) -> str:
+    """Per server, the median over rounds of the CPU seconds it used."""
+    servers = zip(*(s.cpu_s for s in samples), strict=True)
+    return " / ".join(f"{median(list(used)):.1f}" for used in servers) or "-"
 
 
 def ratio_table(results: Results) -> None:

@@ -75,6 +75,18 @@ def session_processes(session: int) -> list[int]:
     return found
 
 
+def session_cpu_seconds(session: int) -> float:
+    """The CPU time (user and system) its live processes have used so far:
+    what a server spent over a run is the difference of two readings (a
+    process that exits between them drops out of the second)."""
+    total = 0.0
+    for pid in session_processes(session):
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    return total
+
+
 def server_environment(vllm_cache: Path) -> dict[str, str]:
     """The caller's environment for an offline vLLM server on this machine:
     no hub, no usage reports, a 1 GiB CPU KV cache, its own compile cache,

@@ -745,3 +745,33 @@ def test_prefill_side_steps_on_only_for_its_window(
     time.sleep(0.6)
 
     assert not prefill.has_requests()
+
+
+def test_prefill_side_stops_stepping_once_the_read_completed(
+    prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the decode worker said its read completed and the read's
+    notification released the blocks, a prefill engine holding nothing else
+    stops stepping within READ_DONE_WINDOW_S (made short here), not
+    CONFIRMED_READ_WINDOW_S after the "held" answer: an empty step keeps a
+    core busy, which on a CPU pair slowed the decode server. (Set even where a
+    build lacks READ_DONE_WINDOW_S, to fail there for the behaviour named.)"""
+    monkeypatch.setattr(
+        nixl_scheduler_module("base_scheduler"),
+        "READ_DONE_WINDOW_S",
+        0.2,
+        raising=False,
+    )
+    request, params = prefill_side_finished(prefill, NUM_TOKENS)
+    scheduled(make_scheduler(nixl_config()), params)
+    worker = decode_worker(params["remote_engine_id"], _DoneReads())
+    read_completed(worker, params)
+    assert reported(worker) == (True, False)
+    released(prefill, request.request_id)
+
+    time.sleep(0.3)
+
+    assert not prefill.has_requests(), (
+        f"the prefill engine still steps for request {request.request_id!r}, "
+        "whose read completed and released its blocks"
+    )
