@@ -106,7 +106,7 @@ class Sample:
     released_reads: int
     # CPU seconds each server used over the run: the one server's, or the
     # prefill and the decode server's.
-    cpu_s: tuple[float, ...] = ()
+    cpu_s: tuple[float, ...]
 
 
 # (cache, concurrency) -> arm name -> one Sample per round.

@@ -41,7 +41,7 @@ def builds_here(
     pins = pinned_releases(root)
     return [
         (version, dist)
-        for version in release_matrix(root)
+        for version in sorted(pins, key=Version)
         for dist in Dist
         if any(
             wheel.dist == dist and wheel.tags & supported

@@ -70,6 +70,12 @@ def problems(workflow: dict) -> list[str]:
     arches = {runner_arch(r) for r in jobs["wheels"]["strategy"]["matrix"]["runner"]}
     found += [f"builds no {arch} wheel" for arch in sorted(pinned_arches() - arches)]
     found += matrix_problems(jobs["images"], "images")
+    # The image matrix takes every pinned release: each needs a `vllm` wheel.
+    found += [
+        f"makes an image of {version}, which is not pinned from vllm"
+        for version, pin in sorted(pinned_releases(REPO_ROOT / "patches").items())
+        if not any(wheel.dist == "vllm" for wheel in pin.wheels)
+    ]
     if not re.search(r"cyclonedx-bom==\d+(\.\d+)+\b", runs(jobs["wheels"])):
         found.append("installs no pinned cyclonedx-bom")
     for job, action in [
