@@ -40,7 +40,7 @@ README tells users, and runs them again, with the tiny random-weight models of
    outputs those of the unpatched NixlConnector run, the patched
    MultiConnector reusing as NixlConnector does, the unpatched one not).
 7. The speculative-decoding cases the CPU cannot run (`ci/suites/gpu_mtp.py`,
-   0.31.0 on): P/D of the hybrid with an MTP head, MTP on both servers and
+   0.30.0 on): P/D of the hybrid with an MTP head, MTP on both servers and
    prefix caching on, the decode side NixlConnector and case 1's
    MultiConnector, against one MTP server and the P/D answer without
    speculation, the drafts' acceptance rate reported; and one MTP server's

@@ -10,8 +10,9 @@ The model is `tiny-qwen3.5-mtp` (`ci/fixtures/tiny_mtp.py`: one MTP layer
 written to agree with the main model often, so that drafts are accepted and
 the accepted-token paths run), served in two roles: speculating with
 `--speculative-config '{"method": "mtp", "num_speculative_tokens": 2}'`
-(what 0.31.0-0.33.0 take for Qwen3.5's text model: config/speculative.py
-turns a `qwen3_5_text` target into its `Qwen3_5MTP` drafter), and not
+(what 0.30.0-0.33.0 take for Qwen3.5's text model: config/speculative.py
+turns a `qwen3_5_text` target into its `Qwen3_5MTP` drafter, :904-914 in
+0.30.0), and not
 speculating, its `mtp.*` weights unused. Prefix caching is on everywhere.
 
 1. `mtp-nixl` and `mtp-multi`: P/D with MTP on both servers (a pair whose
@@ -38,7 +39,7 @@ speculating, its `mtp.*` weights unused. Prefix caching is on everywhere.
    speculation, not judged.
 
 The prompts are the CPU suite's (`completions.make_prompts`); no load run.
-Before 0.31.0 there is no text-only Qwen3.5 nor its MTP drafter, so the
+Before 0.30.0 there is no text-only Qwen3.5 nor its MTP drafter, so the
 cases do not run on 0.22.1 and the driver says so.
 """
 
@@ -71,10 +72,10 @@ from vllm_overlay.errors import OverlayError
 
 CHECKPOINT = CHECKPOINTS[MTP]
 # The first release with `Qwen3_5ForCausalLM` and the text model's drafter.
-MTP_FROM = Version("0.31.0")
+MTP_FROM = Version("0.30.0")
 NOT_RUN = (
     "speculative-decoding (MTP) cases not run on {release}: no text-only "
-    "Qwen3.5 nor its MTP drafter before 0.31.0"
+    "Qwen3.5 nor its MTP drafter before 0.30.0"
 )
 
 
@@ -82,7 +83,7 @@ def mtp_cases(
     release: str, nixl: dict[str, object], offloading: dict[str, object]
 ) -> tuple[Case, ...]:
     """The P/D cases of the module docstring for `release` (none before
-    0.31.0), with the driver's NixlConnector and OffloadingConnector."""
+    0.30.0), with the driver's NixlConnector and OffloadingConnector."""
     if Version(release) < MTP_FROM:
         return ()
     return (

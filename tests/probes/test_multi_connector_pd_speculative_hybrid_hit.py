@@ -38,8 +38,8 @@ The model is a tiny Qwen3.5 with one MTP layer (`mtp_num_hidden_layers`), so
 the speculative config is vLLM's own for `method: mtp`; the KV cache config is
 the probes' hybrid one with the Mamba group's `num_speculative_blocks` set as
 vLLM sets it. Real NixlConnector scheduler side; the offloading tier is
-`StoreChild`. vLLM's CPU platform asks the host's AMX support in 0.31.0-0.33.0
-only to pick attention backends (vllm/platforms/cpu.py:147-151 in 0.31.0,
+`StoreChild`. vLLM's CPU platform asks the host's AMX support in 0.30.0-0.33.0
+only to pick attention backends (vllm/platforms/cpu.py:147-151 in 0.30.0 and 0.31.0,
 :152-156 in 0.32.0, :163-167 in 0.33.0), not to turn prefix caching off, so
 these probes need no `host_amx` variants: they run as on a host without AMX.
 """

@@ -186,7 +186,7 @@ def test_nixl_without_the_nixl_package_fails_to_start():
     assert findings(facts(NIXL, hma=True, nixl=NIXL_OK), Severity.ERROR) == []
 
 
-# The values the patched 0.31.0-0.33.0 NixlConnector accepts for
+# The values the patched 0.30.0-0.33.0 NixlConnector accepts for
 # `declined_reads` (nixl/pull_scheduler.py DECLINED_READS).
 DECLINED_READS = ("recompute", "kv_load_failure_policy")
 

@@ -93,7 +93,7 @@ def test_only_the_mtp_checkpoint_digest_keys_on_the_head() -> None:
 
 def test_the_cases_and_their_servers_arguments(tmp_path, monkeypatch) -> None:
     assert gpu_mtp.mtp_cases("0.22.1", gpu_e2e.NIXL_GPU, gpu_e2e.OFFLOADING) == ()
-    cases = gpu_mtp.mtp_cases("0.31.0", gpu_e2e.NIXL_GPU, gpu_e2e.OFFLOADING)
+    cases = gpu_mtp.mtp_cases("0.30.0", gpu_e2e.NIXL_GPU, gpu_e2e.OFFLOADING)
     assert [(c.key, c.model, c.upstream, c.prefix_caching) for c in cases] == [
         (MTP_NIXL, MTP, "", True),
         (MTP_MULTI, MTP, MTP_NIXL, True),
@@ -276,7 +276,7 @@ def test_a_failed_single_server_is_reported_with_its_log() -> None:
 def test_the_driver_runs_the_mtp_cases_on_both_builds(
     tmp_path, monkeypatch, release, ran
 ) -> None:
-    """From 0.31.0 every build runs them and their verdicts join the rest;
+    """From 0.30.0 every build runs them and their verdicts join the rest;
     before it the driver says they did not run."""
     calls = []
     base = Layout({}, {}, tmp_path, tmp_path, tmp_path)

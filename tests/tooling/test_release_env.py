@@ -248,7 +248,7 @@ def test_a_dependency_resolved_past_its_tested_version_is_a_drift(
         f"drift: pip resolved transformers 5.24.0, but vLLM 0.31.0 was tested with "
         f"{TESTED} (requirements/test/cpu.txt:{line} of its sdist); to take that "
         'version, add "transformers" to "0.31.0" under [test_env.pinned_as_tested] '
-        f"in {facts_line('0.31.0')}, as vLLM 0.22.1 does"
+        f"in {facts_line('0.31.0')}, as vLLM 0.22.1 and 0.30.0 do"
     ]
     installed["transformers"] = TESTED
     assert release_env.dependency_drift("0.31.0", tmp_path, tree, FACTS) == []

@@ -6,7 +6,7 @@ configurations when the decode server first reads from the prefill server,
 and a mismatch fails that request and every later one ("NIXL compatibility
 hash mismatch"). Doctor asks the installed vLLM's own function
 (`compute_nixl_compatibility_hash`, nixl/metadata.py) for the factors it
-hashes, so that the comparison covers what this release covers: 0.31.0 to
+hashes, so that the comparison covers what this release covers: 0.30.0 to
 0.33.0 hash the speculative config of EAGLE-style methods (MTP included),
 0.22.1 none. The function hashes the factors with `hash_factors`, which
 doctor replaces while it runs to keep the factors themselves.

@@ -43,15 +43,15 @@ NATIVE_LMCACHE_ADAPTER = (
     "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_integration.vllm_v1_adapter"
 )
 # Where nixl-decode-confirms-reads keeps the values of `declined_reads`: the
-# pull scheduler's module (0.31.0 on), else NIXL's one scheduler module, which
-# 0.31.0 split (0.22.1).
+# pull scheduler's module (0.30.0 on), else NIXL's one scheduler module
+# (0.22.1).
 NIXL_DECLINED_READS_MODULES = (
     "vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler",
     "vllm.distributed.kv_transfer.kv_connector.v1.nixl.scheduler",
 )
 # Speculative methods whose draft has layers with a KV cache of their own,
 # besides the EAGLE-style ones (`SpeculativeConfig.uses_draft_kv_cache`,
-# 0.31.0 on; 0.22.1 allocates the same).
+# 0.30.0 on; 0.22.1 allocates the same).
 DRAFT_KV_METHODS = ("draft_model", "extract_hidden_states")
 PEER = "the --peer arguments"
 
@@ -226,7 +226,8 @@ def _attention_backend(config: Any) -> Any:
 def _layers_backed_by(platform: type, backend: Any) -> Any:
     """Stand `backend` in for the model's attention layers where the
     platform looks them up: `_find_non_ssm_backends` (a list, 0.31.0 on) or,
-    in older releases (0.22.1), `_find_non_ssm_backend` (the first one)."""
+    in older releases (0.22.1, 0.30.0), `_find_non_ssm_backend` (the first
+    one)."""
     if hasattr(platform, "_find_non_ssm_backends"):
         found = classmethod(lambda cls, vllm_config: [backend])
         return mock.patch.object(platform, "_find_non_ssm_backends", found)

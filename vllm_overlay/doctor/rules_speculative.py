@@ -28,6 +28,7 @@ PEER = "the peer (--peer)"
 # launches, per release: (kernel, line in v1/worker/mamba_utils.py).
 MAMBA_KERNEL_LAUNCH = {
     "0.22.1": ("postprocess_mamba_fused_kernel", 510),
+    "0.30.0": ("precopy_mamba_align_fused_kernel", 1213),
     "0.31.0": ("precopy_mamba_align_fused_kernel", 1212),
     "0.32.0": ("precopy_mamba_align_fused_kernel", 1226),
     "0.33.0": ("precopy_mamba_align_fused_kernel", 1226),
@@ -51,12 +52,12 @@ def speculative_hybrid_prefix_caching_on_cpu(facts: Facts) -> Iterator[Finding]:
     model on the CPU platform. With prefix caching on, mamba_cache_mode is
     align, and `GPUModelRunner._get_mamba_bufs` (which `CPUModelRunner`
     inherits) adds the fused speculative-decoding context when
-    `speculative_config` is set and the model is hybrid; from 0.31.0
+    `speculative_config` is set and the model is hybrid; from 0.30.0
     `preprocess_mamba` hands it to `MambaSpecDecodeGPUContext.run_fused_precopy`
     at every step, which launches the Triton kernel
-    `precopy_mamba_align_fused_kernel` (v1/worker/mamba_utils.py:1212 in
-    0.31.0, :1226 in 0.32.0 and 0.33.0, called at :1527 and :1541). 0.22.1
-    has no pre-copy, and its first such launch is
+    `precopy_mamba_align_fused_kernel` (v1/worker/mamba_utils.py:1213 in
+    0.30.0, :1212 in 0.31.0, :1226 in 0.32.0 and 0.33.0, called at :1529,
+    :1527 and :1541). 0.22.1 has no pre-copy, and its first such launch is
     `postprocess_mamba_fused_kernel` after the first step (:510, from
     `postprocess_mamba_align_gpu`, gpu_model_runner.py:1511). The CPU platform
     replaces `batch_memcpy_kernel` and the speculative decoding kernels with
@@ -102,14 +103,14 @@ def pd_pair(facts: Facts) -> Iterator[Finding]:
     """The two servers of a P/D pair over NixlConnector (`--peer`). When the
     decode server first reads from the prefill server, the NIXL handshake
     compares the two servers' `compute_nixl_compatibility_hash`
-    (nixl/metadata.py:74 in 0.22.1, :142 in 0.31.0, :145 in 0.32.0, :146 in
-    0.33.0) and, unless `enforce_handshake_compat` is false, raises "NIXL
-    compatibility hash mismatch" for that request and every later one
-    (nixl/worker.py:542 in 0.22.1; nixl/base_worker.py:1101 in 0.31.0, :1080
-    in 0.32.0, :1197 in 0.33.0). The hash covers the vLLM and connector
+    (nixl/metadata.py:74 in 0.22.1, :137 in 0.30.0, :142 in 0.31.0, :145 in
+    0.32.0, :146 in 0.33.0) and, unless `enforce_handshake_compat` is false,
+    raises "NIXL compatibility hash mismatch" for that request and every later
+    one (nixl/worker.py:542 in 0.22.1; nixl/base_worker.py:936 in 0.30.0, :1101
+    in 0.31.0, :1080 in 0.32.0, :1197 in 0.33.0). The hash covers the vLLM and connector
     versions, the model as named, its dtype, KV heads, head size and layer
     count, the attention backend, the KV cache dtype, whether HMA is on, and
-    from 0.31.0 the transfer mode and, for EAGLE-style methods (eagle,
+    from 0.30.0 the transfer mode and, for EAGLE-style methods (eagle,
     eagle3, mtp, dflash, dspark), the speculative method, draft model and its
     revisions, parallel drafting, the draft KV cache dtype and auxiliary
     layers (`_get_speculative_compatibility_factors`); not the number of
@@ -168,7 +169,7 @@ def _unhashed_speculation(
     of its own (draft_model; on 0.22.1 EAGLE and MTP too) has KV on one
     server that the other lacks or lays out differently, and nothing
     compares it before requests flow. Otherwise only the speculative
-    scratch blocks differ, and from 0.31.0 each server exchanges a hybrid
+    scratch blocks differ, and from 0.30.0 each server exchanges a hybrid
     request's recurrent-state block alone, whatever its speculative blocks
     (`get_exchange_clipped_blocks`, nixl/base_scheduler.py); on 0.22.1 the
     series' nixl-worker-hybrid-partial-hit.patch does the same, and an

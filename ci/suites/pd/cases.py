@@ -104,7 +104,7 @@ CONTROLS = {MTP: NO_SPECULATION}
 # The models served speculating: no output oracle under load
 # (`ci/suites/pd/load.py`).
 SPECULATING_MODELS = (MTP,)
-# What 0.31.0-0.33.0 take for Qwen3.5's text model: config/speculative.py
+# What 0.30.0-0.33.0 take for Qwen3.5's text model: config/speculative.py
 # turns a `qwen3_5_text` target into its `Qwen3_5MTP` drafter.
 SPECULATIVE_CONFIG = {"method": "mtp", "num_speculative_tokens": 2}
 # The models served in float32, whose greedy output is an exact oracle under
