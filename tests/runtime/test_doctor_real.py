@@ -38,7 +38,6 @@ from vllm_overlay.doctor.hma import hma_enabled
 from vllm_overlay.doctor.report import Report
 from vllm_overlay.doctor.rules import RULES, installed_build
 from vllm_overlay.doctor.rules_speculative import (
-    MAMBA_KERNEL_LAUNCH,
     pd_pair,
     speculative_hybrid_prefix_caching_on_cpu,
 )
@@ -376,7 +375,12 @@ def test_speculation_with_hybrid_prefix_caching_is_refused_on_the_cpu(models, me
     assert "`TypeError: 'function' object is not subscriptable`" in error.what
     assert report.exit_code == 1
     # The line the finding cites launches that kernel in the installed vLLM.
-    kernel, line = MAMBA_KERNEL_LAUNCH[report.facts.build.version]
+    kernel, line = launch.mamba_kernel_launch
+    assert kernel == (
+        "postprocess_mamba_fused_kernel"
+        if report.facts.build.version == "0.22.1"
+        else "precopy_mamba_align_fused_kernel"
+    )
     from vllm.v1.worker import mamba_utils
 
     source = Path(inspect.getsourcefile(mamba_utils)).read_text().splitlines()

@@ -2,6 +2,8 @@
 for hybrid detection, the installed build and its series (on a synthetic
 installed `vllm`), and the command without vLLM."""
 
+import importlib.machinery
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ from vllm_overlay.doctor.build import evaluated_sources, installed_build
 from vllm_overlay.doctor.gather import (
     NIXL_DECLINED_READS_MODULES,
     declined_reads_values,
+    mamba_kernel_launch,
     model_from_config_json,
 )
 from vllm_overlay.doctor.hf_config import find_config, hybrid_from_config
@@ -209,3 +212,37 @@ def test_declined_reads_values_are_read_where_the_release_keeps_them(
             module.DECLINED_READS = accepted
         monkeypatch.setitem(sys.modules, module.__name__, module)
     assert declined_reads_values() == values
+
+
+@pytest.mark.parametrize(
+    ("launches", "expected"),
+    [
+        # 0.30.0 on: the pre-copy, whatever else the file launches before it.
+        (
+            ["postprocess_mamba_fused_kernel", "precopy_mamba_align_fused_kernel"],
+            ("precopy_mamba_align_fused_kernel", 3),
+        ),
+        # 0.22.1: no pre-copy.
+        (["postprocess_mamba_fused_kernel"], ("postprocess_mamba_fused_kernel", 2)),
+        # Neither launched (a definition is no launch): the finding cites none.
+        ([], None),
+    ],
+)
+def test_the_mamba_kernel_launch_is_read_from_the_installed_file(
+    tmp_path, monkeypatch, launches, expected
+):
+    """doctor cites the launch line of the installed v1/worker/mamba_utils.py
+    (tests/runtime/test_doctor_real.py checks it on the real release), so a
+    new pin needs no line written by hand."""
+    source = tmp_path / "mamba_utils.py"
+    source.write_text(
+        "import triton\n"
+        + "".join(f"    {kernel}[grid](\n" for kernel in launches)
+        + "def precopy_mamba_align_fused_kernel():\n"
+    )
+    name = "vllm.v1.worker.mamba_utils"
+    spec = importlib.machinery.ModuleSpec(name, None, origin=str(source))
+    monkeypatch.setattr(importlib.util, "find_spec", {name: spec}.get)
+    assert mamba_kernel_launch() == expected
+    monkeypatch.setattr(importlib.util, "find_spec", {}.get)
+    assert mamba_kernel_launch() is None

@@ -57,19 +57,28 @@ def cpu_findings(f: Facts) -> list[Finding]:
 
 
 @pytest.mark.parametrize(
-    ("version", "where"),
+    ("version", "launch", "where"),
     [
-        ("0.32.0", "mamba_utils.py:1226 (precopy_mamba_align_fused_kernel"),
-        ("0.33.0", "mamba_utils.py:1226 (precopy_mamba_align_fused_kernel"),
-        ("0.31.0", "mamba_utils.py:1212 (precopy_mamba_align_fused_kernel"),
-        ("0.22.1", "mamba_utils.py:510 (postprocess_mamba_fused_kernel"),
-        ("0.34.0", "in vLLM's Mamba state copy for speculative decoding"),
+        (
+            "0.32.0",
+            ("precopy_mamba_align_fused_kernel", 1226),
+            "mamba_utils.py:1226 (precopy_mamba_align_fused_kernel, vLLM 0.32.0)",
+        ),
+        (
+            "0.22.1",
+            ("postprocess_mamba_fused_kernel", 510),
+            "mamba_utils.py:510 (postprocess_mamba_fused_kernel, vLLM 0.22.1)",
+        ),
+        ("0.34.0", None, "in vLLM's Mamba state copy for speculative decoding"),
     ],
 )
-def test_speculation_with_hybrid_prefix_caching_on_the_cpu_is_refused(version, where):
+def test_speculation_with_hybrid_prefix_caching_on_the_cpu_is_refused(
+    version, launch, where
+):
     build = replace(PATCHED, version=version)
     for speculative in (MTP, NGRAM):
-        f = facts(NIXL, build=build, launch=speculating(speculative), hma=True)
+        on_cpu = speculating(speculative, mamba_kernel_launch=launch)
+        f = facts(NIXL, build=build, launch=on_cpu, hma=True)
         (error,) = cpu_findings(f)
         assert error.severity == Severity.ERROR
         assert f"speculative decoding ({speculative.describe()})" in error.what

