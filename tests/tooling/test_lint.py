@@ -7,7 +7,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, run_cli, run_git
+from conftest import (
+    RELEASE,
+    SCHEDULER,
+    SCHEDULER_SOURCE,
+    format_patch,
+    run_cli,
+    run_git,
+)
 
 from vllm_overlay.series.deselections import UPSTREAM_DESELECTIONS_FILE
 from vllm_overlay.series.model import parse_patch
@@ -202,6 +209,31 @@ def test_an_offset_hunk_fails_against_the_cached_sources(project):
     cache_sources(project, "new first line\n" + SCHEDULER_SOURCE)
     (problem,) = lint(project.patches)
     assert f"{SCHEDULER} hunk #1 only applies at line 18 (offset)" in problem
+
+
+def test_a_name_the_series_uses_and_the_file_lacks_fails_against_the_sources(project):
+    """What a replay onto another release cannot see as a conflict: the patch
+    relies on an import its own release's file has (0.31.0's
+    `nixl/metadata.py` imports `dataclasses.field`, 0.30.0's does not)."""
+    source = "from dataclasses import dataclass\n\n\n@dataclass\nclass Meta:\n"
+    unpatched = source + "    held: bool\n"
+    patched = source + "    held: set[str] = field(default_factory=set)\n"
+    cache_sources(project, unpatched)
+    patch = project.series_dir / "scheduler-demo.patch"
+    patch.write_text(
+        format_patch(project.workdir, {SCHEDULER: unpatched}, {SCHEDULER: patched})
+    )
+    problems = [p for p in lint(project.patches) if "neither defines" in p]
+    assert problems == [
+        f"vLLM {RELEASE}: the series makes {SCHEDULER} read `field`, which the "
+        "file neither defines nor imports (an import the patch's own release has? "
+        "add it to the patch)"
+    ]
+    with_import = patched.replace("dataclass\n", "dataclass, field\n", 1)
+    patch.write_text(
+        format_patch(project.workdir, {SCHEDULER: unpatched}, {SCHEDULER: with_import})
+    )
+    assert not [p for p in lint(project.patches) if "neither defines" in p]
 
 
 def test_without_cached_sources_the_application_check_is_skipped(project, capsys):

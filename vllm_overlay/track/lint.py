@@ -14,7 +14,9 @@ dropped patches, it checks what ties them to the rest of the checkout:
   with no sources: a hand-edited hunk header is found on a fresh clone;
 - each pinned release's series applies with zero fuzz and zero offset to the
   release's cached sources, so a corrupted context line is found here rather
-  than as an out-of-date `PATCHES.md`;
+  than as an out-of-date `PATCHES.md`, and leaves no module reading a name it
+  neither defines nor imports, so a replayed patch that relied on an import of
+  its own release is found here rather than minutes into the probes;
 - each series is the one its release's `revision` was recorded for (the
   `series_digest` `vllm-overlay pin --bump` writes), so a changed series
   never reaches a build under the version of the old one;
@@ -65,6 +67,7 @@ from vllm_overlay.track.history import (
     parse_history,
     read_history,
 )
+from vllm_overlay.track.names import new_unbound_names
 from vllm_overlay.track.verdicts import read_verdicts
 from vllm_overlay.upstream.applier import apply_series, syntax_problem
 from vllm_overlay.upstream.fetch import cached_sdist_tree
@@ -337,8 +340,9 @@ def revision_problems(checkout: Checkout) -> list[str]:
 def application_problems(checkout: Checkout) -> list[str]:
     """Each pinned release's series applied, zero fuzz and zero offset, to
     the release's sources in the cache (those the harness and `rebase`
-    unpacked from the pinned sdist); a release whose sources are not cached
-    is skipped, and said so."""
+    unpacked from the pinned sdist), and each module it changes reading no
+    global name the series leaves unbound (`names.py`); a release whose
+    sources are not cached is skipped, and said so."""
     patches_root, pins, cache = checkout.patches_root, checkout.pins, checkout.cache
     problems = []
     for version in sorted(pins, key=Version):
@@ -360,9 +364,14 @@ def application_problems(checkout: Checkout) -> list[str]:
         }
         for tree in (PACKAGE_DIR, TESTS_DIR):
             try:
-                apply_series(series, originals, tree)
+                patched = apply_series(series, originals, tree)
             except OverlayError as exc:
                 problems.append(f"{exc} (its cached sources {sources})")
+                continue
+            for name, content in patched.items():
+                unbound = new_unbound_names(name, originals.get(name), content)
+                if unbound is not None:
+                    problems.append(f"vLLM {version}: {unbound}")
     return problems
 
 
