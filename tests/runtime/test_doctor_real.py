@@ -39,6 +39,7 @@ from vllm_overlay.doctor.report import Report
 from vllm_overlay.doctor.rules import RULES, installed_build
 from vllm_overlay.doctor.rules_speculative import (
     pd_pair,
+    speculation_on_cpu_without_kernels,
     speculative_hybrid_prefix_caching_on_cpu,
 )
 from vllm_overlay.errors import OverlayError
@@ -358,6 +359,10 @@ NGRAM = speculative("ngram", 2, prompt_lookup_max=3)
 # 0.22.1 gives only the multimodal `qwen3_5` config an MTP drafter
 # (config/speculative.py:460 there), not the text model's `qwen3_5_text`.
 TEXT_MTP = installed_vllm().release != "0.22.1"
+# vLLM 0.30.0's CPU platform runs no speculative decoding: its stand-ins for
+# the speculative kernels do not reach their launches (served there by hand,
+# one request each: `rules_speculative.speculation_on_cpu_without_kernels`).
+NO_CPU_SPECULATION = installed_vllm().release == "0.30.0"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU platform's gap")
@@ -371,10 +376,8 @@ def test_speculation_with_hybrid_prefix_caching_is_refused_on_the_cpu(models, me
     launch = report.facts.launch
     assert (launch.platform, launch.mamba_cache_mode) == ("cpu", "align")
     assert launch.speculative.method == method
-    (error,) = speculative_hybrid_prefix_caching_on_cpu(report.facts)
-    assert "`TypeError: 'function' object is not subscriptable`" in error.what
     assert report.exit_code == 1
-    # The line the finding cites launches that kernel in the installed vLLM.
+    # The line read as the kernel's launch launches it in the installed vLLM.
     kernel, line = launch.mamba_kernel_launch
     assert kernel == (
         "postprocess_mamba_fused_kernel"
@@ -385,7 +388,20 @@ def test_speculation_with_hybrid_prefix_caching_is_refused_on_the_cpu(models, me
 
     source = Path(inspect.getsourcefile(mamba_utils)).read_text().splitlines()
     assert source[line - 1].strip() == f"{kernel}[grid]("
+    assert launch.cpu_speculation_kernels is not NO_CPU_SPECULATION
+    if NO_CPU_SPECULATION:
+        # Refused whatever prefix caching says, and only once.
+        assert list(speculative_hybrid_prefix_caching_on_cpu(report.facts)) == []
+        for args in ("--enable-prefix-caching", "--no-enable-prefix-caching"):
+            other = judged(models["qwen3.5-mtp"], *flags, args)
+            (error,) = speculation_on_cpu_without_kernels(other.facts)
+            assert "Cannot inspect kernel parameters" in error.what
+            assert other.exit_code == 1
+        return
+    (error,) = speculative_hybrid_prefix_caching_on_cpu(report.facts)
+    assert "`TypeError: 'function' object is not subscriptable`" in error.what
     assert f"mamba_utils.py:{line} ({kernel}" in error.what
+    assert list(speculation_on_cpu_without_kernels(report.facts)) == []
     # Without prefix caching, without speculation, or on a plain model: none.
     for args in (
         [models["qwen3.5-mtp"], *flags, "--no-enable-prefix-caching"],

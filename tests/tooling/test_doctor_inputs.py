@@ -16,10 +16,15 @@ from vllm_overlay.doctor.build import evaluated_sources, installed_build
 from vllm_overlay.doctor.gather import (
     NIXL_DECLINED_READS_MODULES,
     declined_reads_values,
-    mamba_kernel_launch,
     model_from_config_json,
 )
 from vllm_overlay.doctor.hf_config import find_config, hybrid_from_config
+from vllm_overlay.doctor.installed_sources import (
+    CPU_PLATFORM,
+    REJECTION_SAMPLER,
+    cpu_speculation_kernels,
+    mamba_kernel_launch,
+)
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 
@@ -246,3 +251,46 @@ def test_the_mamba_kernel_launch_is_read_from_the_installed_file(
     assert mamba_kernel_launch() == expected
     monkeypatch.setattr(importlib.util, "find_spec", {}.get)
     assert mamba_kernel_launch() is None
+
+
+def installed(tmp_path, monkeypatch, files: dict[str, str]) -> None:
+    """`find_spec` answering for the modules of `files` (module -> source)
+    with files under `tmp_path`, and None for every other."""
+    specs = {}
+    for module, text in files.items():
+        path = tmp_path / f"{module}.py"
+        path.write_text(text)
+        specs[module] = importlib.machinery.ModuleSpec(module, None, origin=str(path))
+    monkeypatch.setattr(importlib.util, "find_spec", specs.get)
+
+
+DISPATCHED = "@triton_kernel_dispatcher_with_warmup(\n    kernel=k,\n)\ndef f(): ...\n"
+
+
+@pytest.mark.parametrize(
+    ("sampler", "platform", "expected"),
+    [
+        # 0.22.1: no dispatcher; each kernel is looked up at its launch.
+        ("def f():\n    k[grid]()\n", "class CpuPlatform: ...\n", True),
+        # 0.30.0: the dispatcher keeps the kernel; the platform registers nothing.
+        (DISPATCHED, "class CpuPlatform: ...\n", False),
+        # 0.31.0 on: the platform registers the stand-ins with the dispatcher.
+        (
+            DISPATCHED,
+            "class CpuPlatform:\n    def register_triton_kernel_overrides(cls): ...\n",
+            True,
+        ),
+    ],
+)
+def test_whether_the_cpu_speculation_kernels_reach_their_launches(
+    tmp_path, monkeypatch, sampler, platform, expected
+):
+    """Read from the installed files (tests/runtime/test_doctor_real.py checks
+    each pinned release's answer, and docs/user/doctor.md the serve it
+    predicts)."""
+    installed(
+        tmp_path, monkeypatch, {REJECTION_SAMPLER: sampler, CPU_PLATFORM: platform}
+    )
+    assert cpu_speculation_kernels() is expected
+    installed(tmp_path, monkeypatch, {REJECTION_SAMPLER: sampler})
+    assert cpu_speculation_kernels() is None

@@ -34,6 +34,7 @@ from vllm_overlay.doctor.report import Report
 from vllm_overlay.doctor.rules import evaluate
 from vllm_overlay.doctor.rules_speculative import (
     pd_pair,
+    speculation_on_cpu_without_kernels,
     speculative_hybrid_prefix_caching_on_cpu,
 )
 
@@ -244,6 +245,54 @@ def test_the_peer_is_judged_for_speculation_on_the_cpu_too():
     assert error.what.startswith("the peer (--peer): speculative decoding (mtp,")
     plain = replace(other, hybrid=False)
     assert cpu_findings(pair(plain)) == []
+
+
+CANNOT_INSPECT = "`TypeError: Cannot inspect kernel parameters for function`"
+
+
+@pytest.mark.parametrize("speculative", [MTP, NGRAM])
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_speculation_where_the_cpu_kernels_do_not_reach_their_launch_is_refused(
+    speculative, prefix_caching
+):
+    """vLLM 0.30.0 on the CPU: any method fails at the first request, with
+    prefix caching or without, so the prefix-caching finding (whose fix is to
+    turn it off) is not given beside it."""
+    build = replace(PATCHED, version="0.30.0")
+    launch = speculating(
+        speculative,
+        cpu_speculation_kernels=False,
+        prefix_caching=prefix_caching,
+        mamba_cache_mode="align" if prefix_caching else "none",
+        mamba_kernel_launch=("precopy_mamba_align_fused_kernel", 1213),
+    )
+    f = facts(NIXL, build=build, launch=launch, hma=True)
+    (error,) = speculation_on_cpu_without_kernels(f)
+    assert error.severity == Severity.ERROR
+    assert f"speculative decoding ({speculative.describe()})" in error.what
+    assert "CPU platform of vLLM 0.30.0" in error.what and CANNOT_INSPECT in error.what
+    assert "0.31.0" in error.fix and "--speculative-config" in error.fix
+    assert cpu_findings(f) == []
+    assert Report(f, tuple(evaluate(f))).exit_code == 1
+    # The peer of a pair is judged the same way.
+    other = peer(NGRAM, (), cpu_speculation_kernels=False)
+    (on_peer,) = speculation_on_cpu_without_kernels(pair(other))
+    assert on_peer.what.startswith("the peer (--peer): speculative decoding (ngram")
+
+
+@pytest.mark.parametrize(
+    "launch",
+    [
+        speculating(cpu_speculation_kernels=True),
+        speculating(cpu_speculation_kernels=None),  # the files were not found
+        speculating(NO_SPECULATION, cpu_speculation_kernels=False),
+        speculating(platform="cuda", cpu_speculation_kernels=False),
+    ],
+    ids=["reached", "unknown", "not-speculating", "gpu"],
+)
+def test_no_kernel_finding_where_they_reach_their_launch_or_nothing_speculates(launch):
+    f = facts(NIXL, launch=launch, hma=True)
+    assert list(speculation_on_cpu_without_kernels(f)) == []
 
 
 def test_a_peer_vllm_refuses_is_an_error_and_nothing_is_compared():

@@ -156,6 +156,10 @@ class LaunchFacts:
     """The Triton kernel a speculating hybrid model with prefix caching
     launches first, and the line of the installed vLLM's
     v1/worker/mamba_utils.py that launches it; None: not found there."""
+    cpu_speculation_kernels: bool | None = None
+    """Whether the installed CPU platform's stand-ins for speculative
+    decoding's Triton kernels reach their launches (False: vLLM 0.30.0);
+    None: not found."""
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,8 @@ import argparse
 import copy
 import dataclasses
 import importlib
-import importlib.util
 import inspect
 import os
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -38,6 +36,10 @@ from vllm_overlay.doctor.facts import (
     SpeculativeFacts,
 )
 from vllm_overlay.doctor.hf_config import find_config, hybrid_from_config, read_config
+from vllm_overlay.doctor.installed_sources import (
+    cpu_speculation_kernels,
+    mamba_kernel_launch,
+)
 from vllm_overlay.errors import OverlayError
 
 LMCACHE_ADAPTER = "lmcache.integration.vllm.vllm_v1_adapter"
@@ -55,10 +57,6 @@ NIXL_DECLINED_READS_MODULES = (
 # besides the EAGLE-style ones (`SpeculativeConfig.uses_draft_kv_cache`,
 # 0.30.0 on; 0.22.1 allocates the same).
 DRAFT_KV_METHODS = ("draft_model", "extract_hidden_states")
-# The Triton kernels a speculating hybrid model with prefix caching launches
-# first, newest first: from 0.30.0 the pre-copy at every step; 0.22.1, which
-# has none, the post-process after the first step.
-MAMBA_KERNELS = ("precopy_mamba_align_fused_kernel", "postprocess_mamba_fused_kernel")
 PEER = "the --peer arguments"
 
 
@@ -173,23 +171,8 @@ def launch_facts(
         max_num_batched_tokens=config.scheduler_config.max_num_batched_tokens,
         hybrid_block_size=hybrid_block_size(config),
         mamba_kernel_launch=mamba_kernel_launch(),
+        cpu_speculation_kernels=cpu_speculation_kernels(),
     )
-
-
-def mamba_kernel_launch() -> tuple[str, int] | None:
-    """The first of MAMBA_KERNELS the installed vLLM launches
-    (`KERNEL[grid](`) in v1/worker/mamba_utils.py, and that line: read from
-    the file, so that a finding cites the release that is installed, whatever
-    its lines moved to."""
-    spec = importlib.util.find_spec("vllm.v1.worker.mamba_utils")
-    if spec is None or spec.origin is None:
-        return None
-    lines = Path(spec.origin).read_text().splitlines()
-    for kernel in MAMBA_KERNELS:
-        for number, line in enumerate(lines, start=1):
-            if line.strip() == f"{kernel}[grid](":
-                return kernel, number
-    return None
 
 
 def speculative_facts(speculative: Any) -> SpeculativeFacts:

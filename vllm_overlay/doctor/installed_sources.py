@@ -1,0 +1,67 @@
+"""What doctor reads from the installed vLLM's files rather than its objects.
+
+Some failures depend on how a release's code is laid out, not on anything its
+configuration objects show: which Triton kernel a step launches first, or
+whether the CPU platform's C++ stand-ins for Triton kernels reach the code
+that launches them. Reading the installed files (found without importing the
+modules) makes a finding cite the release that is installed, pinned or not,
+instead of a table someone must extend at every pin.
+"""
+
+import importlib.util
+from pathlib import Path
+
+# The Triton kernels a speculating hybrid model with prefix caching launches
+# first, newest first: from 0.30.0 the pre-copy at every step; 0.22.1, which
+# has none, the post-process after the first step.
+MAMBA_KERNELS = ("precopy_mamba_align_fused_kernel", "postprocess_mamba_fused_kernel")
+MAMBA_UTILS = "vllm.v1.worker.mamba_utils"
+REJECTION_SAMPLER = "vllm.v1.sample.rejection_sampler"
+CPU_PLATFORM = "vllm.platforms.cpu"
+
+
+def _source(module: str) -> str | None:
+    """The installed text of `module`; None when vLLM has no such file."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        return None
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return None
+    return Path(spec.origin).read_text(encoding="utf-8")
+
+
+def mamba_kernel_launch() -> tuple[str, int] | None:
+    """The first of MAMBA_KERNELS the installed vLLM launches
+    (`KERNEL[grid](`) in v1/worker/mamba_utils.py, and that line."""
+    source = _source(MAMBA_UTILS)
+    if source is None:
+        return None
+    lines = source.splitlines()
+    for kernel in MAMBA_KERNELS:
+        for number, line in enumerate(lines, start=1):
+            if line.strip() == f"{kernel}[grid](":
+                return kernel, number
+    return None
+
+
+def cpu_speculation_kernels() -> bool | None:
+    """Whether the CPU platform's stand-ins for speculative decoding's Triton
+    kernels reach the code that launches them; None: the files are not there.
+
+    0.30.0 wraps each of those kernels, the rejection sampler's among them
+    (v1/sample/rejection_sampler.py:800-803), in
+    `triton_kernel_dispatcher_with_warmup`, which keeps the kernel it was
+    given at import: without Triton, a placeholder function. The CPU model
+    runner swaps only the modules' attributes (cpu_model_runner.py:65-110), so
+    the first speculative step fails in the dispatcher ("Cannot inspect
+    kernel parameters"). From 0.31.0 the platform registers the stand-ins
+    with the dispatcher itself (`register_triton_kernel_overrides`,
+    platforms/cpu.py:651 in 0.31.0); 0.22.1 has no dispatcher and looks each
+    kernel up at its launch."""
+    sampler, platform = _source(REJECTION_SAMPLER), _source(CPU_PLATFORM)
+    if sampler is None or platform is None:
+        return None
+    if "triton_kernel_dispatcher_with_warmup(" not in sampler:
+        return True
+    return "def register_triton_kernel_overrides(" in platform
