@@ -36,7 +36,11 @@ from vllm_overlay.doctor.compat import NIXL_METADATA
 from vllm_overlay.doctor.findings import Finding, Severity
 from vllm_overlay.doctor.hma import hma_enabled
 from vllm_overlay.doctor.report import Report
-from vllm_overlay.doctor.rules import RULES, installed_build
+from vllm_overlay.doctor.rules import (
+    RULES,
+    hybrid_nixl_conv_layout_on_cpu,
+    installed_build,
+)
 from vllm_overlay.doctor.rules_speculative import (
     pd_pair,
     speculation_on_cpu_without_kernels,
@@ -162,6 +166,31 @@ def test_hybrid_model_with_nixl_keeps_hma_but_needs_nixl(models):
     assert "stays on: NixlConnector" in texts(report, Severity.INFO)
     assert report.facts.launch.mamba_cache_mode == "align"
     assert "uses mamba_cache_mode align" in texts(report, Severity.INFO)
+
+
+# The check after which a pinned release's CPU platform sets the conv state
+# layout SD whatever the user set (`installed_sources.conv_state_forced_sd`):
+# 0.22.1's platforms/cpu.py:229-231, 0.30.0's :403-404.
+FORCED_SD_CHECK = {
+    "0.22.1": "_is_amx_tile_supported",
+    "0.30.0": "_is_avx512_bf16_supported",
+}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU platform's gap")
+def test_a_hybrid_with_nixl_is_refused_where_the_cpu_platform_forces_sd(models):
+    """Whatever this host's CPU: the check is read from the installed files,
+    and the finding is given exactly where torch says the host passes it."""
+    report = judged(models["qwen3.5"], *kv("NixlConnector"))
+    launch = report.facts.launch
+    check = FORCED_SD_CHECK.get(installed_vllm().release)
+    assert launch.conv_state_forced_sd == check
+    host = None if check is None else bool(getattr(torch.cpu, check)())
+    assert launch.host_forces_sd is host
+    refused = list(hybrid_nixl_conv_layout_on_cpu(report.facts))
+    assert len(refused) == (1 if host else 0)
+    if host:
+        assert report.exit_code == 1
 
 
 def test_patched_lmcache_keeps_hma_and_points_at_the_mp_connector(models):

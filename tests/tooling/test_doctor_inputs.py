@@ -22,6 +22,7 @@ from vllm_overlay.doctor.hf_config import find_config, hybrid_from_config
 from vllm_overlay.doctor.installed_sources import (
     CPU_PLATFORM,
     REJECTION_SAMPLER,
+    conv_state_forced_sd,
     cpu_speculation_kernels,
     mamba_kernel_launch,
 )
@@ -294,3 +295,45 @@ def test_whether_the_cpu_speculation_kernels_reach_their_launches(
     assert cpu_speculation_kernels() is expected
     installed(tmp_path, monkeypatch, {REJECTION_SAMPLER: sampler})
     assert cpu_speculation_kernels() is None
+
+
+FORCES_SD = """
+def check_and_update_config(cls):
+    if torch.cpu.{check}():
+        os.environ["VLLM_SSM_CONV_STATE_LAYOUT"] = "SD"
+"""
+# 0.31.0 on: only where the user set no layout, and DS for NIXL.
+KEEPS_THE_USERS = """
+def check_and_update_config(cls):
+    conv_state_layout_env = "VLLM_SSM_CONV_STATE_LAYOUT"
+    if conv_state_layout_env not in os.environ:
+        if uses_nixl:
+            os.environ[conv_state_layout_env] = "DS"
+        elif torch.cpu._is_avx512_bf16_supported():
+            os.environ[conv_state_layout_env] = "SD"
+    if "VLLM_SSM_CONV_STATE_LAYOUT" not in os.environ:
+        if torch.cpu._is_amx_tile_supported():
+            os.environ["VLLM_SSM_CONV_STATE_LAYOUT"] = "SD"
+"""
+
+
+@pytest.mark.parametrize(
+    ("platform", "expected"),
+    [
+        (
+            FORCES_SD.format(check="_is_avx512_bf16_supported"),
+            "_is_avx512_bf16_supported",
+        ),
+        (FORCES_SD.format(check="_is_amx_tile_supported"), "_is_amx_tile_supported"),
+        (KEEPS_THE_USERS, None),
+        ("class CpuPlatform: ...\n", None),
+    ],
+    ids=["0.30.0", "0.22.1", "0.31.0-on", "none"],
+)
+def test_the_check_after_which_the_cpu_platform_forces_sd(
+    tmp_path, monkeypatch, platform, expected
+):
+    installed(tmp_path, monkeypatch, {CPU_PLATFORM: platform})
+    assert conv_state_forced_sd() == expected
+    installed(tmp_path, monkeypatch, {})
+    assert conv_state_forced_sd() is None

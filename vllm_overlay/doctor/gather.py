@@ -37,6 +37,7 @@ from vllm_overlay.doctor.facts import (
 )
 from vllm_overlay.doctor.hf_config import find_config, hybrid_from_config, read_config
 from vllm_overlay.doctor.installed_sources import (
+    conv_state_forced_sd,
     cpu_speculation_kernels,
     mamba_kernel_launch,
 )
@@ -172,7 +173,21 @@ def launch_facts(
         hybrid_block_size=hybrid_block_size(config),
         mamba_kernel_launch=mamba_kernel_launch(),
         cpu_speculation_kernels=cpu_speculation_kernels(),
+        **_forced_sd(),
     )
+
+
+def _forced_sd() -> dict[str, Any]:
+    """The check after which the CPU platform forces the conv state layout
+    SD, and whether this host passes it."""
+    check = conv_state_forced_sd()
+    if check is None:
+        return {}
+    import torch
+
+    passes = getattr(torch.cpu, check, None)
+    host = None if passes is None else bool(passes())
+    return {"conv_state_forced_sd": check, "host_forces_sd": host}
 
 
 def speculative_facts(speculative: Any) -> SpeculativeFacts:

