@@ -21,6 +21,7 @@ from vllm_overlay.doctor.gather import (
 from vllm_overlay.doctor.hf_config import find_config, hybrid_from_config
 from vllm_overlay.doctor.installed_sources import (
     CPU_PLATFORM,
+    MAMBA_UTILS,
     REJECTION_SAMPLER,
     conv_state_forced_sd,
     cpu_speculation_kernels,
@@ -240,17 +241,14 @@ def test_the_mamba_kernel_launch_is_read_from_the_installed_file(
     """doctor cites the launch line of the installed v1/worker/mamba_utils.py
     (tests/runtime/test_doctor_real.py checks it on the real release), so a
     new pin needs no line written by hand."""
-    source = tmp_path / "mamba_utils.py"
-    source.write_text(
+    source = (
         "import triton\n"
         + "".join(f"    {kernel}[grid](\n" for kernel in launches)
         + "def precopy_mamba_align_fused_kernel():\n"
     )
-    name = "vllm.v1.worker.mamba_utils"
-    spec = importlib.machinery.ModuleSpec(name, None, origin=str(source))
-    monkeypatch.setattr(importlib.util, "find_spec", {name: spec}.get)
+    installed(tmp_path, monkeypatch, {MAMBA_UTILS: source})
     assert mamba_kernel_launch() == expected
-    monkeypatch.setattr(importlib.util, "find_spec", {}.get)
+    installed(tmp_path, monkeypatch, {})
     assert mamba_kernel_launch() is None
 
 

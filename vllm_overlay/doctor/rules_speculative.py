@@ -108,10 +108,11 @@ def speculation_on_cpu_without_kernels(facts: Facts) -> Iterator[Finding]:
             ERROR,
             f"{who}speculative decoding ({speculative.describe()}) does not run "
             f"on the CPU platform of vLLM {facts.build.version}: the server "
-            "starts, and the first request fails, with `TypeError: Cannot "
-            "inspect kernel parameters for function` in the rejection sampler "
-            "(v1/sample/rejection_sampler.py:469), a Triton kernel the "
-            "platform's replacement does not reach (from 0.31.0 it does)",
+            "starts, and the first request fails with `TypeError: Cannot "
+            "inspect kernel parameters for function` in a speculative-decoding "
+            "Triton kernel the platform's replacement does not reach (the "
+            "rejection sampler's, v1/sample/rejection_sampler.py:469; with two "
+            "or more draft tokens the drafting step's first); from 0.31.0 it does",
             "drop --speculative-config, serve vLLM 0.31.0 or later, or serve on a GPU",
         )
 
