@@ -14,7 +14,11 @@ prefill side, base_worker.py:2860-2905 on the decode side; 0.22.1:
 nixl/worker.py:1792-1845 and :1694-1790). Patched, the
 prefill side's scheduler tracks the requests whose blocks it holds and its
 handshake listener says which of them are still held; the decode worker asks
-once the read completed and fails the request's load when they are not.
+once the read completed and fails the request's load when they are not. The
+"held" answer before a read promises the asking decode instance to hold the
+blocks a while, whatever else notifies the prefill side; a read completed
+within that time is used without the second question, and no other instance,
+and no release without a read, is told the blocks are held meanwhile.
 
 The parts are real: the prefill side is a real `Scheduler` with NixlConnector
 finishing a request (`nixl_sides.py`), whose blocks it frees through its own
@@ -134,6 +138,17 @@ def nixl_scheduler_module(name: str) -> Any:
         )
 
 
+def set_scheduler_constant(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: float
+) -> None:
+    """Set NIXL's scheduler-side constant `name` for one probe, even where a
+    build lacks it, so that the probe fails there for the behaviour it names,
+    not for the missing name."""
+    monkeypatch.setattr(
+        nixl_scheduler_module("base_scheduler"), name, value, raising=False
+    )
+
+
 def transfer_results(worker: NixlConnectorWorker) -> tuple[set[str], set[str]]:
     """One step of the decode worker: the requests it reports received, and
     those of them whose load failed or that it declined (0.22.1 has no
@@ -183,11 +198,16 @@ def prefill(
     connector.shutdown()
 
 
-def decode_worker(engine_id: str, agent: _DoneReads) -> NixlConnectorWorker:
+def decode_worker(
+    engine_id: str, agent: _DoneReads, decode: Scheduler | None = None
+) -> NixlConnectorWorker:
     """NIXL's pull worker on the decode side, handshaken with `engine_id`,
-    with what `__init__` derives for receiving from it."""
+    with what `__init__` derives for receiving from it; a worker of the
+    decode instance whose scheduler is `decode` (its engine id) if given."""
     worker = object.__new__(NixlConnectorWorker)
-    worker.engine_id = "decode-engine"
+    worker.engine_id = (
+        decode_engine_id(decode) if decode is not None else "decode-engine"
+    )
     worker.tp_rank = 0
     worker.transfer_topo = _Topology()
     worker.nixl_wrapper = agent
@@ -216,7 +236,7 @@ def decode_worker(engine_id: str, agent: _DoneReads) -> NixlConnectorWorker:
     worker.enable_heterogeneous_attn_post_process = False
     worker._physical_blocks_per_logical_kv_block = 1
     worker._engine_ttl = 0
-    worker._handshake_lock = threading.Lock()
+    worker._handshake_lock = threading.RLock()
     worker._handshake_futures = {}
     worker._TRANSFER_MODE = "pull"
     return worker
@@ -293,15 +313,29 @@ def test_decode_side_uses_kv_the_prefill_side_still_held(
     assert reported(worker) == (True, False)
 
 
+def decode_engine_id(scheduler: Scheduler) -> str:
+    """The engine id of the decode instance whose scheduler this is, shared
+    by its workers."""
+    assert scheduler.vllm_config.kv_transfer_config is not None
+    return scheduler.vllm_config.kv_transfer_config.engine_id
+
+
 def scheduled(
     scheduler: Scheduler, params: dict[str, Any], tries: int = 1
 ) -> list[RequestStatus]:
     """Where `tries` decode requests carrying the same `params` (as upstream's
     proxy, or a router retrying, hands them on) stand once the decode
     instance's scheduler scheduled them: their KV loading
-    (WAITING_FOR_REMOTE_KVS) or their prompt computed here (RUNNING).
-    Bounded: the scheduler may wait a step or two for the prefill side's
-    answer."""
+    (WAITING_FOR_REMOTE_KVS) or their prompt computed here (RUNNING)."""
+    return [r.status for r in decode_requests(scheduler, params, tries)]
+
+
+def decode_requests(
+    scheduler: Scheduler, params: dict[str, Any], tries: int = 1
+) -> list[Request]:
+    """The `tries` decode requests of `scheduled`, once scheduled, with the
+    parameters their scheduler hands on to its workers. Bounded: the
+    scheduler may wait a step or two for the prefill side's answer."""
     requests = []
     for attempt in range(tries):
         request = generation_request(f"{DECODE_REQUEST}-{attempt}", prompt(NUM_TOKENS))
@@ -313,7 +347,7 @@ def scheduled(
         if all(r.status != RequestStatus.WAITING for r in requests):
             break
         time.sleep(STEP_S)
-    return [request.status for request in requests]
+    return requests
 
 
 def test_decode_side_reads_nothing_the_prefill_side_released(
@@ -756,16 +790,12 @@ def test_prefill_side_stops_stepping_once_the_read_completed(
     CONFIRMED_READ_WINDOW_S after the "held" answer: an empty step keeps a
     core busy, which on a CPU pair slowed the decode server. (Set even where a
     build lacks READ_DONE_WINDOW_S, to fail there for the behaviour named.)"""
-    monkeypatch.setattr(
-        nixl_scheduler_module("base_scheduler"),
-        "READ_DONE_WINDOW_S",
-        0.2,
-        raising=False,
-    )
+    set_scheduler_constant(monkeypatch, "READ_DONE_WINDOW_S", 0.2)
     request, params = prefill_side_finished(prefill, NUM_TOKENS)
-    scheduled(make_scheduler(nixl_config()), params)
-    worker = decode_worker(params["remote_engine_id"], _DoneReads())
-    read_completed(worker, params)
+    decode = make_scheduler(nixl_config())
+    (reader,) = decode_requests(decode, params)
+    worker = decode_worker(params["remote_engine_id"], _DoneReads(), decode)
+    read_completed(worker, reader.kv_transfer_params or {})
     assert reported(worker) == (True, False)
     released(prefill, request.request_id)
 
@@ -774,4 +804,134 @@ def test_prefill_side_stops_stepping_once_the_read_completed(
     assert not prefill.has_requests(), (
         f"the prefill engine still steps for request {request.request_id!r}, "
         "whose read completed and released its blocks"
+    )
+
+
+def test_decode_side_skips_asking_again_only_within_the_prefill_sides_promise(
+    prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the read, the prefill side promises the asking decode instance
+    to hold the blocks for a while (`HELD_FOR_READER_S`, within their lease),
+    whatever else notifies it. A read that completed within that time, by the
+    decode side's own clock from its question, saw the blocks: it is used at
+    the worker's first step, without a second round trip. A read that
+    completed after it is used only once the prefill side confirmed it still
+    held the blocks: here it had released them (its lease ran out), and the
+    read is not used. (The promise is made short here; set even where a
+    build lacks HELD_FOR_READER_S, to fail there for the behaviour named.)"""
+    set_scheduler_constant(monkeypatch, "HELD_FOR_READER_S", 0.6)
+    decode = make_scheduler(nixl_config())
+    request, params = prefill_side_finished(prefill, NUM_TOKENS)
+    (within,) = decode_requests(decode, params)
+    worker = decode_worker(params["remote_engine_id"], _DoneReads(), decode)
+    read_completed(worker, within.kv_transfer_params or {})
+
+    assert transfer_results(worker) == ({DECODE_REQUEST}, set()), (
+        "the decode worker did not use at once a read that completed within "
+        "the time the prefill side promised to hold its blocks"
+    )
+
+    released(prefill, request.request_id)  # the read's notification
+    late, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(nixl_config())
+    (after,) = decode_requests(decode, params)
+    time.sleep(0.6)
+    released(prefill, late.request_id)  # the lease ran out
+    worker = decode_worker(params["remote_engine_id"], _DoneReads(), decode)
+    read_completed(worker, after.kv_transfer_params or {})
+
+    received, failed = reported(worker)
+    assert received, "the decode worker never reported the request"
+    assert failed, (
+        "the decode side used a read that completed after the prefill side's "
+        f"promise ran out, and after it released the blocks of {late.request_id!r}"
+    )
+
+
+def test_no_other_decode_instance_releases_blocks_promised_to_a_reader(
+    prefill: Scheduler, make_scheduler: MakeScheduler
+) -> None:
+    """A router retries a request on a second decode server while the first
+    one reads it under the prefill side's promise. The second one's read may
+    complete first; if it were used, its notification would release the
+    blocks while the first one's read, which is used without asking again,
+    is in flight. So the second read is not used and releases nothing, and
+    the first one's read is used."""
+    _, params = prefill_side_finished(prefill, NUM_TOKENS)
+    first, second = make_scheduler(nixl_config()), make_scheduler(nixl_config())
+    (reader,) = decode_requests(first, params)
+    (retry,) = decode_requests(second, params)
+    retry_agent = _DoneReads()
+    retry_worker = decode_worker(params["remote_engine_id"], retry_agent, second)
+    read_completed(retry_worker, retry.kv_transfer_params or {})
+
+    received, failed = reported(retry_worker)
+
+    assert received, "the second decode worker never reported the request"
+    assert failed and not retry_agent.notified, (
+        "a second decode instance used, and released, the blocks the prefill "
+        "side promised to hold for the first one's read"
+    )
+    reader_worker = decode_worker(params["remote_engine_id"], _DoneReads(), first)
+    read_completed(reader_worker, reader.kv_transfer_params or {})
+    assert reported(reader_worker) == (True, False)
+
+
+def unread_release_sent(
+    worker: NixlConnectorWorker,
+    params: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> bool:
+    """Whether the decode worker, handed a request with nothing to read (a
+    full local hit, or an aborted request: no local blocks), goes on to
+    release the prefill side's blocks within a bounded number of steps.
+    Stand-in: `_read_blocks_for_req`, which for such a request only sends
+    the notification that releases them (0.32.0 pull_worker.py:444-468)."""
+    released_for: list[str] = []
+    monkeypatch.setattr(
+        worker,
+        "_read_blocks_for_req",
+        lambda req_id, meta: released_for.append(req_id),
+        raising=False,
+    )
+    worker._ready_requests = queue.Queue()
+    worker.pcp_rank = 0
+    worker.pcp_dcp_sharded = False
+    metadata = NixlConnectorMetadata()
+    metadata.add_new_req_to_recv(DECODE_REQUEST, ([],), params)
+    worker.start_load_kv(metadata)
+    for _ in range(20):
+        if released_for:
+            break
+        transfer_results(worker)
+        time.sleep(STEP_S)
+        worker.start_load_kv(NixlConnectorMetadata())
+    return bool(released_for)
+
+
+def test_decode_side_releases_unread_blocks_only_when_no_promised_read_may_run(
+    prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decode request that reads nothing still notifies the prefill side,
+    which then releases the blocks. While the prefill side's promise to
+    another decode instance's reader runs, that reader uses its read without
+    asking again, so such a release must not come first: it is not sent (the
+    reader's notification, or the lease, frees the blocks). With no promise
+    pending it is sent, once the prefill side answered."""
+    request, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode_requests(make_scheduler(nixl_config()), params)
+    other = make_scheduler(nixl_config())
+    worker = decode_worker(params["remote_engine_id"], _DoneReads(), other)
+
+    assert not unread_release_sent(worker, params, monkeypatch), (
+        "a decode instance that read nothing released the blocks the prefill "
+        "side promised to hold for another instance's read"
+    )
+
+    released(prefill, request.request_id)
+    _, params = prefill_side_finished(prefill, NUM_TOKENS)
+    worker = decode_worker(params["remote_engine_id"], _DoneReads(), other)
+    assert unread_release_sent(worker, params, monkeypatch), (
+        "a decode instance that read nothing never released the blocks, "
+        "though no read of them was promised"
     )
