@@ -892,7 +892,6 @@ def unread_release_sent(
         worker,
         "_read_blocks_for_req",
         lambda req_id, meta: released_for.append(req_id),
-        raising=False,
     )
     worker._ready_requests = queue.Queue()
     worker.pcp_rank = 0
