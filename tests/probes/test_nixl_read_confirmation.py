@@ -262,15 +262,30 @@ def read_completed(
     worker._recving_transfers[request_id] = [READ_HANDLE]
 
 
-def reported(worker: NixlConnectorWorker) -> tuple[bool, bool]:
+def reported(
+    worker: NixlConnectorWorker, request_id: str = DECODE_REQUEST
+) -> tuple[bool, bool]:
     """Step the decode worker until it reports the request (bounded): whether
     it was received, and whether its load failed."""
     for _ in range(MAX_STEPS):
         finished, failed = transfer_results(worker)
-        if DECODE_REQUEST in finished:
-            return True, DECODE_REQUEST in failed
+        if request_id in finished:
+            return True, request_id in failed
         time.sleep(STEP_S)
     return False, False
+
+
+def read_reported(
+    decode: Scheduler, request: Request, agent: _DoneReads | None = None
+) -> tuple[bool, bool]:
+    """A worker of the decode instance whose scheduler is `decode` found the
+    read of `request`, posted with the parameters the scheduler handed on,
+    completed: whether it reported the request received, and whether its
+    load failed (`reported`)."""
+    params = request.kv_transfer_params or {}
+    worker = decode_worker(params["remote_engine_id"], agent or _DoneReads(), decode)
+    read_completed(worker, params, request.request_id)
+    return reported(worker, request.request_id)
 
 
 def released(scheduler: Scheduler, request_id: str) -> None:
@@ -331,13 +346,14 @@ def scheduled(
 
 
 def decode_requests(
-    scheduler: Scheduler, params: dict[str, Any], tries: int = 1
+    scheduler: Scheduler, params: dict[str, Any], tries: int = 1, first: int = 0
 ) -> list[Request]:
-    """The `tries` decode requests of `scheduled`, once scheduled, with the
-    parameters their scheduler hands on to its workers. Bounded: the
-    scheduler may wait a step or two for the prefill side's answer."""
+    """The `tries` decode requests of `scheduled`, numbered from `first`, once
+    scheduled, with the parameters their scheduler hands on to its workers.
+    Bounded: the scheduler may wait a step or two for the prefill side's
+    answer."""
     requests = []
-    for attempt in range(tries):
+    for attempt in range(first, first + tries):
         request = generation_request(f"{DECODE_REQUEST}-{attempt}", prompt(NUM_TOKENS))
         request.kv_transfer_params = dict(params)
         scheduler.add_request(request)
@@ -406,18 +422,29 @@ def test_decode_side_reads_a_reference_for_one_request_at_a_time(
     prefill: Scheduler, make_scheduler: MakeScheduler
 ) -> None:
     """A router retries a request on the same decode instance while the first
-    try still waits for its KV: only the first try reads the prefill side's
-    blocks, whose release its notification triggers (the prefill side frees
-    them after the one reader it expects); the retry computes the prompt."""
+    try still waits for its KV, or once its read completed: only the first
+    try reads the prefill side's blocks, whose release its notification
+    triggers (the prefill side frees them after the one reader it expects);
+    the retries compute the prompt."""
     _, params = prefill_side_finished(prefill, NUM_TOKENS)
     decode = make_scheduler(nixl_config())
 
-    statuses = scheduled(decode, params, tries=2)
+    first, retry = decode_requests(decode, params, tries=2)
 
+    statuses = [first.status, retry.status]
     assert statuses == [RequestStatus.WAITING_FOR_REMOTE_KVS, RequestStatus.RUNNING], (
         f"two requests of the decode instance read the blocks of one prefill "
         f"request ({[s.name for s in statuses]}): the first read's notification "
         "frees them, so the other read them after they may have been released"
+    )
+    decode._update_from_kv_xfer_finished(
+        KVConnectorOutput(finished_recving={first.request_id})
+    )  # the first try's read completed
+    (late,) = decode_requests(decode, params, first=2)
+    assert late.status == RequestStatus.RUNNING, (
+        f"a retry that reached the decode instance once the first try's read "
+        f"completed was scheduled to read the blocks again ({late.status.name}): "
+        "that read's notification frees them"
     )
 
 
@@ -794,9 +821,7 @@ def test_prefill_side_stops_stepping_once_the_read_completed(
     request, params = prefill_side_finished(prefill, NUM_TOKENS)
     decode = make_scheduler(nixl_config())
     (reader,) = decode_requests(decode, params)
-    worker = decode_worker(params["remote_engine_id"], _DoneReads(), decode)
-    read_completed(worker, reader.kv_transfer_params or {})
-    assert reported(worker) == (True, False)
+    assert read_reported(decode, reader) == (True, False)
     released(prefill, request.request_id)
 
     time.sleep(0.3)
@@ -824,9 +849,9 @@ def test_decode_side_skips_asking_again_only_within_the_prefill_sides_promise(
     request, params = prefill_side_finished(prefill, NUM_TOKENS)
     (within,) = decode_requests(decode, params)
     worker = decode_worker(params["remote_engine_id"], _DoneReads(), decode)
-    read_completed(worker, within.kv_transfer_params or {})
+    read_completed(worker, within.kv_transfer_params or {}, within.request_id)
 
-    assert transfer_results(worker) == ({DECODE_REQUEST}, set()), (
+    assert transfer_results(worker) == ({within.request_id}, set()), (
         "the decode worker did not use at once a read that completed within "
         "the time the prefill side promised to hold its blocks"
     )
@@ -837,10 +862,8 @@ def test_decode_side_skips_asking_again_only_within_the_prefill_sides_promise(
     (after,) = decode_requests(decode, params)
     time.sleep(0.6)
     released(prefill, late.request_id)  # the lease ran out
-    worker = decode_worker(params["remote_engine_id"], _DoneReads(), decode)
-    read_completed(worker, after.kv_transfer_params or {})
 
-    received, failed = reported(worker)
+    received, failed = read_reported(decode, after)
     assert received, "the decode worker never reported the request"
     assert failed, (
         "the decode side used a read that completed after the prefill side's "
@@ -862,19 +885,48 @@ def test_no_other_decode_instance_releases_blocks_promised_to_a_reader(
     (reader,) = decode_requests(first, params)
     (retry,) = decode_requests(second, params)
     retry_agent = _DoneReads()
-    retry_worker = decode_worker(params["remote_engine_id"], retry_agent, second)
-    read_completed(retry_worker, retry.kv_transfer_params or {})
 
-    received, failed = reported(retry_worker)
+    received, failed = read_reported(second, retry, retry_agent)
 
     assert received, "the second decode worker never reported the request"
     assert failed and not retry_agent.notified, (
         "a second decode instance used, and released, the blocks the prefill "
         "side promised to hold for the first one's read"
     )
-    reader_worker = decode_worker(params["remote_engine_id"], _DoneReads(), first)
-    read_completed(reader_worker, reader.kv_transfer_params or {})
-    assert reported(reader_worker) == (True, False)
+    assert read_reported(first, reader) == (True, False)
+
+
+def test_no_other_request_of_the_readers_instance_reads_under_its_promise(
+    prefill: Scheduler, make_scheduler: MakeScheduler
+) -> None:
+    """A router retries a request on the same decode server once the first
+    try ended, its read completed, before the prefill side took in the read's
+    notification: the retry's question still finds the blocks held. A
+    notification counts towards the release whichever request sends it, so
+    the promise covers the one decode request it was made to, not its
+    instance: the retry's read, which completes after the first read's
+    notification released the blocks, is used only once the prefill side
+    confirmed it still held them. Here it had released them, and the read is
+    not used."""
+    request, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(nixl_config())
+    (first,) = decode_requests(decode, params)
+    decode.finish_requests(first.request_id, RequestStatus.FINISHED_ABORTED)
+    (retry,) = decode_requests(decode, params, first=1)
+    assert retry.status == RequestStatus.WAITING_FOR_REMOTE_KVS, (
+        "the retry was not scheduled to read the blocks the prefill side holds"
+    )
+    released(prefill, request.request_id)  # the first read's notification
+
+    received, failed = read_reported(decode, retry)
+
+    assert received, "the decode worker never reported the retry"
+    assert failed, (
+        "a second request of the decode instance used its read of the blocks "
+        f"of {request.request_id!r} without asking, under the promise the "
+        "prefill side made to the first one, after the first read's "
+        "notification released them"
+    )
 
 
 def unread_release_sent(
