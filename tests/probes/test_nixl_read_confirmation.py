@@ -832,6 +832,34 @@ def test_prefill_side_stops_stepping_once_the_read_completed(
     )
 
 
+def test_prefill_side_steps_on_for_a_promised_read_whatever_others_ask(
+    prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second decode server's read of blocks the prefill side promised to
+    hold for a first one's request completed first, and its question was
+    refused; then the lease ran out. The first one's read may not be served
+    yet, and on a CPU the prefill engine serves it only while it steps: it
+    steps on for CONFIRMED_READ_WINDOW_S after the promise, not
+    READ_DONE_WINDOW_S (made short here) after the refused question. (Set
+    even where a build lacks READ_DONE_WINDOW_S, to fail there for the
+    behaviour named.)"""
+    set_scheduler_constant(monkeypatch, "READ_DONE_WINDOW_S", 0.2)
+    request, params = prefill_side_finished(prefill, NUM_TOKENS)
+    first, second = make_scheduler(nixl_config()), make_scheduler(nixl_config())
+    decode_requests(first, params)
+    (retry,) = decode_requests(second, params)
+    read_reported(second, retry)
+    released(prefill, request.request_id)  # the lease ran out
+
+    time.sleep(0.3)
+
+    assert prefill.has_requests(), (
+        f"the prefill engine stopped stepping for request {request.request_id!r} "
+        "once another decode server's refused question said its read completed, "
+        "though the read promised to the first one may not have been served"
+    )
+
+
 def test_decode_side_skips_asking_again_only_within_the_prefill_sides_promise(
     prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -933,6 +961,7 @@ def unread_release_sent(
     worker: NixlConnectorWorker,
     params: dict[str, Any],
     monkeypatch: pytest.MonkeyPatch,
+    request_id: str = DECODE_REQUEST,
 ) -> bool:
     """Whether the decode worker, handed a request with nothing to read (a
     full local hit, or an aborted request: no local blocks), goes on to
@@ -949,7 +978,7 @@ def unread_release_sent(
     worker.pcp_rank = 0
     worker.pcp_dcp_sharded = False
     metadata = NixlConnectorMetadata()
-    metadata.add_new_req_to_recv(DECODE_REQUEST, ([],), params)
+    metadata.add_new_req_to_recv(request_id, ([],), params)
     worker.start_load_kv(metadata)
     for _ in range(20):
         if released_for:
@@ -968,7 +997,10 @@ def test_decode_side_releases_unread_blocks_only_when_no_promised_read_may_run(
     another decode instance's reader runs, that reader uses its read without
     asking again, so such a release must not come first: it is not sent (the
     reader's notification, or the lease, frees the blocks). With no promise
-    pending it is sent, once the prefill side answered."""
+    pending it is sent, once the prefill side answered; so is the release of
+    the request the promise was made to, which then found its whole prompt
+    in its own cache (it would otherwise hold the blocks until their
+    lease)."""
     request, params = prefill_side_finished(prefill, NUM_TOKENS)
     decode_requests(make_scheduler(nixl_config()), params)
     other = make_scheduler(nixl_config())
@@ -985,4 +1017,12 @@ def test_decode_side_releases_unread_blocks_only_when_no_promised_read_may_run(
     assert unread_release_sent(worker, params, monkeypatch), (
         "a decode instance that read nothing never released the blocks, "
         "though no read of them was promised"
+    )
+
+    _, params = prefill_side_finished(prefill, NUM_TOKENS)
+    (promised,) = decode_requests(other, params)
+    worker = decode_worker(params["remote_engine_id"], _DoneReads(), other)
+    assert unread_release_sent(worker, params, monkeypatch, promised.request_id), (
+        "the decode request the prefill side promised to hold the blocks for "
+        "read nothing and never released them: they stay until their lease"
     )
