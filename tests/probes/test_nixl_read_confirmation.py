@@ -939,6 +939,8 @@ def test_no_other_request_of_the_readers_instance_reads_under_its_promise(
     request, params = prefill_side_finished(prefill, NUM_TOKENS)
     decode = make_scheduler(nixl_config())
     (first,) = decode_requests(decode, params)
+    # It ended (its read completed, its answer went out), before the prefill
+    # side took in its read's notification.
     decode.finish_requests(first.request_id, RequestStatus.FINISHED_ABORTED)
     (retry,) = decode_requests(decode, params, first=1)
     assert retry.status == RequestStatus.WAITING_FOR_REMOTE_KVS, (
