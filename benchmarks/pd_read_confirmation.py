@@ -94,7 +94,10 @@ def previous_env(release: str, wheel: Path, label: str) -> Path:
     [release_site] = (release_env / "lib").glob("python3*/site-packages")
     (own_site / "release-env.pth").write_text(f"{release_site}\n")
     pip = [str(env / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-    subprocess.run([*pip, "--no-deps", str(wheel)], check=True)
+    # --ignore-installed: the release environment, which the .pth file shows,
+    # may hold the same version (its files edited in place), and pip would
+    # take that for this one.
+    subprocess.run([*pip, "--no-deps", "--ignore-installed", str(wheel)], check=True)
     return env
 
 
