@@ -1,10 +1,11 @@
 """What `nixl-decode-confirms-reads` costs a loaded P/D pair: the decode side
-asks the prefill server's side channel, once before it schedules a read and
-once after the read completed, whether the prefill server still holds the
-blocks. Measured against earlier builds of the series (the build before the
-patch, which estimated the lease on the decode side instead, and earlier
-revisions of the patch), with vLLM's own `vllm bench serve` as
-`benchmarks/pd_decode_reuse.py` measures (its cells, rounds and tables).
+asks the prefill server's side channel, before it schedules a read (and once
+the read completed, where the prefill server's promise did not cover it),
+whether the prefill server still holds the blocks. Measured against earlier
+builds of the series (the build before the patch, which estimated the lease
+on the decode side instead, and earlier revisions of the patch), with vLLM's
+own `vllm bench serve` as `benchmarks/pd_decode_reuse.py` measures (its
+cells, rounds and tables).
 
 Arms: the tiny Qwen3.5 hybrid's P/D pair, each server confined to its core,
 with plain NixlConnector or MultiConnector[NixlConnector,

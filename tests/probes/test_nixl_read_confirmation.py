@@ -15,9 +15,9 @@ nixl/worker.py:1792-1845 and :1694-1790). Patched, the
 prefill side's scheduler tracks the requests whose blocks it holds and its
 handshake listener says which of them are still held; the decode worker asks
 once the read completed and fails the request's load when they are not. The
-"held" answer before a read promises the asking decode instance to hold the
+"held" answer before a read promises the asking decode request to hold the
 blocks a while, whatever else notifies the prefill side; a read completed
-within that time is used without the second question, and no other instance,
+within that time is used without the second question, and no other request,
 and no release without a read, is told the blocks are held meanwhile.
 
 The parts are real: the prefill side is a real `Scheduler` with NixlConnector
@@ -887,7 +887,9 @@ def test_prefill_side_steps_on_for_a_promised_read_whatever_others_ask(
 ) -> None:
     """A second decode server's read of blocks the prefill side promised to
     hold for a first one's request completed first, and its question was
-    refused; then the lease ran out. The first one's read may not be served
+    refused; then the blocks were released within the promise (a decode
+    server without the patch notifies without asking; the lease cannot run
+    out within it). The first one's read may not be served
     yet, and on a CPU the prefill engine serves it only while it steps: it
     steps on for CONFIRMED_READ_WINDOW_S after the promise, not
     READ_DONE_WINDOW_S (made short here) after the refused question. (Set
@@ -899,7 +901,7 @@ def test_prefill_side_steps_on_for_a_promised_read_whatever_others_ask(
     decode_requests(first, params)
     (retry,) = decode_requests(second, params)
     read_reported(second, retry)
-    released(prefill, request.request_id)  # the lease ran out
+    released(prefill, request.request_id)  # an unpatched reader's notification
 
     time.sleep(0.3)
 
@@ -913,7 +915,7 @@ def test_prefill_side_steps_on_for_a_promised_read_whatever_others_ask(
 def test_decode_side_skips_asking_again_only_within_the_prefill_sides_promise(
     prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Before the read, the prefill side promises the asking decode instance
+    """Before the read, the prefill side promises the asking decode request
     to hold the blocks for a while (`HELD_FOR_READER_S`, within their lease),
     whatever else notifies it. A read that completed within that time, by the
     decode side's own clock from its question, saw the blocks: it is used at
