@@ -26,7 +26,6 @@ Usage: python -m benchmarks.pd_confine [RELEASE] [--rounds N]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
 
-import argparse
 import sys
 from collections.abc import Sequence
 
@@ -39,13 +38,13 @@ from benchmarks.pd_decode_reuse import (
     cell_workloads,
     measure,
     ratio,
+    rounds_parser,
     throughput,
     ttft,
 )
 from ci.suites.pd.bench import Workload
 from ci.suites.pd.pair import PATCHED, UNPATCHED
 from vllm_overlay.errors import OverlayError, report_error
-from vllm_overlay.series.facts import e2e_release
 
 NIXL, MULTI = "NixlConnector", "MultiConnector"
 CONFINED, UNCONFINED = "confined", "unconfined"
@@ -92,16 +91,11 @@ def report(results: Results, rounds: int, cells: Sequence[Workload]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("release", nargs="?", default=e2e_release())
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 12])
+    parser = rounds_parser(__doc__, concurrency=(4, 12))
     parser.add_argument(
         "--caches", nargs="+", choices=CACHES, default=["capped", "uncapped"]
     )
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
     cells = cell_workloads("cpu", args.concurrency, None)
     try:
         results = measure(args.release, args.rounds, cells, ARMS, args.caches)

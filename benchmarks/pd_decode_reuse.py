@@ -328,11 +328,32 @@ def ratio_table(results: Results) -> None:
         print(f"| {cache} | {c} | " + " | ".join(cells) + " |")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def rounds(text: str) -> int:
+    """`--rounds`: how many times each arm runs, at least once."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def rounds_parser(
+    doc: str, concurrency: Sequence[int] | None = None
+) -> argparse.ArgumentParser:
+    """The arguments every P/D benchmark takes: the release, `--rounds` and,
+    where it runs `vllm bench serve` at several concurrencies, `--concurrency`
+    with these defaults."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("release", nargs="?", default=e2e_release())
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 12])
+    parser.add_argument("--rounds", type=rounds, default=3)
+    if concurrency is not None:
+        parser.add_argument(
+            "--concurrency", type=int, nargs="+", default=list(concurrency)
+        )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = rounds_parser(__doc__, concurrency=(1, 4, 12))
     parser.add_argument(
         "--prompts",
         type=int,
@@ -346,8 +367,6 @@ def main(argv: list[str] | None = None) -> int:
         help="the prompt layout: this CPU's (default) or the seed's, for a GPU",
     )
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
     cells = cell_workloads(args.workload, args.concurrency, args.prompts)
     if args.output_len:
         cells = [replace(cell, output_len=args.output_len) for cell in cells]

@@ -21,19 +21,18 @@ Usage: python -m benchmarks.pd_lease [RELEASE] [--rounds N]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
 
-import argparse
 import statistics
 import sys
 from contextlib import ExitStack
 from dataclasses import replace
 
+from benchmarks.pd_decode_reuse import rounds_parser
 from ci.suites.pd.cases import CASE_BY_KEY, DECODE_CAP_BLOCKS, HYBRID
 from ci.suites.pd.load import WORKLOAD, LoadRun, run_load
 from ci.suites.pd.pair import PATCHED, UNPATCHED, nixl_with_lease, start_pair
 from ci.suites.pd_e2e import make_layout
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
-from vllm_overlay.series.facts import e2e_release
 
 DEFAULT_LEASE_S = 30
 CONCURRENCY = 12
@@ -116,9 +115,7 @@ def report(runs: dict[tuple[str, int], list[LoadRun]], rounds: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("release", nargs="?", default=e2e_release())
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = rounds_parser(__doc__)
     parser.add_argument("--long-lease", type=int, default=300, help="seconds")
     parser.add_argument(
         "--builds",
@@ -127,8 +124,6 @@ def main(argv: list[str] | None = None) -> int:
         default=[UNPATCHED],
     )
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
     if args.long_lease <= DEFAULT_LEASE_S:
         parser.error(f"--long-lease must be above vLLM's {DEFAULT_LEASE_S} s")
     try:

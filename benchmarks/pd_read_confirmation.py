@@ -24,7 +24,6 @@ Usage: python -m benchmarks.pd_read_confirmation [RELEASE] --previous-wheel
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
 
-import argparse
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ from benchmarks.pd_decode_reuse import (
     cell_workloads,
     measure,
     ratio,
+    rounds_parser,
     throughput,
     ttft,
 )
@@ -48,9 +48,10 @@ from ci.suites.pd.pair import PATCHED
 from vllm_overlay import cache_layout
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.locations import cache_root
-from vllm_overlay.series.facts import e2e_release
 
 CHECKOUT = "this checkout"
+# The `.pth` file of a layered environment that names the release's packages.
+RELEASE_PTH = "release-env.pth"
 DECODE_SIDES = (("NixlConnector", "hybrid-nixl"), ("MultiConnector", "hybrid-multi"))
 
 
@@ -76,24 +77,31 @@ def arms(previous: Sequence[str]) -> tuple[Arm, ...]:
     )
 
 
-def previous_env(release: str, wheel: Path, label: str) -> Path:
-    """An environment that runs `wheel` on the release's test environment's
-    packages: a virtualenv of the same Python whose site-packages names the
-    release environment's (a `.pth` file, read after its own), with only the
-    wheel installed in it."""
-    if not wheel.is_file():
-        raise OverlayError(f"--previous-wheel: {wheel} is not a file")
+def layered_env(release: str, name: str) -> tuple[Path, Path]:
+    """A fresh virtualenv of the release test environment's Python whose
+    site-packages names the release environment's (a `.pth` file, read after
+    its own): the environment and its own site-packages, where what the
+    layer adds goes."""
     release_env = cache_layout.release_env(cache_root(), release)
     release_python = release_env / "bin" / "python"
     if not release_python.is_file():
         raise OverlayError(
             f"no test environment at {release_env}: run tools/test.sh {release}"
         )
-    env = cache_layout.previous_env(cache_root(), release, label)
+    env = cache_layout.layered_env(cache_root(), release, name)
     subprocess.run([str(release_python), "-m", "venv", "--clear", str(env)], check=True)
     [own_site] = (env / "lib").glob("python3*/site-packages")
     [release_site] = (release_env / "lib").glob("python3*/site-packages")
-    (own_site / "release-env.pth").write_text(f"{release_site}\n")
+    (own_site / RELEASE_PTH).write_text(f"{release_site}\n")
+    return env, own_site
+
+
+def previous_env(release: str, wheel: Path, label: str) -> Path:
+    """An environment that runs `wheel` on the release's test environment's
+    packages, with only the wheel installed in its own."""
+    if not wheel.is_file():
+        raise OverlayError(f"--previous-wheel: {wheel} is not a file")
+    env, _ = layered_env(release, f"previous-{label}")
     pip = [str(env / "bin" / "python"), "-m", "pip", "install", "--quiet"]
     # --ignore-installed: the release environment, which the .pth file shows,
     # may hold the same version (its files edited in place), and pip would
@@ -123,15 +131,10 @@ def report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("release", nargs="?", default=e2e_release())
+    parser = rounds_parser(__doc__, concurrency=(4, 12))
     parser.add_argument("--previous-wheel", type=Path, nargs="+", required=True)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[4, 12])
     parser.add_argument("--caches", nargs="+", choices=CACHES, default=["capped"])
     args = parser.parse_args(argv)
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
     cells = cell_workloads("cpu", args.concurrency, None)
     try:
         labels = [build_label(wheel) for wheel in args.previous_wheel]

@@ -58,11 +58,12 @@ def release_env_lock(cache: Path, release: str) -> Path:
     return cache / "envs" / f".{release}.lock"
 
 
-def previous_env(cache: Path, release: str, build: str) -> Path:
-    """An environment beside `release_env` that runs an earlier build of it
-    (`build`, a local version label such as `hybridkv.7`) over its packages
-    (`benchmarks/pd_read_confirmation.py`)."""
-    return cache / "envs" / f"{release}-previous-{build}"
+def layered_env(cache: Path, release: str, name: str) -> Path:
+    """An environment beside `release_env` that runs over its packages with
+    something of its own, which `name` says: an earlier build of the release
+    (`previous-hybridkv.7`, `benchmarks/pd_read_confirmation.py`) or a
+    variant a benchmark measures (`benchmarks/pd_progress_pause.py`)."""
+    return cache / "envs" / f"{release}-{name}"
 
 
 # -- What the test harness (`ci/`) writes besides the environments.

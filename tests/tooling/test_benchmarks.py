@@ -15,6 +15,7 @@ import pytest
         "benchmarks.pd_lease",
         "benchmarks.pd_confine",
         "benchmarks.pd_read_confirmation",
+        "benchmarks.pd_progress_pause",
     ],
 )
 def test_benchmark_imports(module):
