@@ -71,13 +71,15 @@ ONE_SERVER = "one server"
 @dataclass(frozen=True)
 class Arm:
     """What a round starts: its name in the tables, its build, its P/D case
-    ("" for the one server) and whether each server of the pair runs
-    confined to its core (`ci/suites/pd/pair.py`)."""
+    ("" for the one server), whether each server of the pair runs confined
+    to its core (`ci/suites/pd/pair.py`) and the prefill server's build where
+    it is not `build`."""
 
     name: str
     build: str
     case_key: str = ""
     confine: bool = True
+    prefill_build: str | None = None
 
 
 ARMS = (
@@ -152,6 +154,7 @@ def run_arm(
                 f"bench-{tag}",
                 decode_args=cache_args,
                 confine=arm.confine,
+                prefill_build=arm.prefill_build,
             )
             target, decode_port = pair.proxy_port, pair.decode_port
             prefill_log = pair.prefill.log

@@ -15,11 +15,12 @@ this checkout):
 2. The P/D pair of `benchmarks/pd_decode_reuse.py` (tiny Qwen3.5 hybrid,
    each server confined to its core, the decode cache capped), plain
    NixlConnector and MultiConnector[NixlConnector, DecodeBenchConnector] on
-   the decode side, at the engine's steps ("steps") and with every agent of
-   both servers given the progress thread with a `--pause-ms` pause
-   ("progress thread"), arms interleaved over rounds. NIXL's Python API
-   cannot set the pause (`benchmarks/nixl_progress_pause.py` says why), so
-   that arm runs in an environment of its own whose startup sets it.
+   the decode side, at the engine's steps ("steps") and with the progress
+   thread pausing `--pause-ms` in every agent of both servers ("progress
+   thread, both servers") or of the prefill server alone ("progress thread,
+   prefill"), arms interleaved over rounds. NIXL's Python API cannot set
+   the pause (`benchmarks/nixl_progress_pause.py` says why), so a server
+   with the thread runs in an environment of its own whose startup sets it.
 
 Usage: python -m benchmarks.pd_progress_pause [RELEASE] [--rounds N]
     [--concurrency C ...] [--pause-ms MS] [--agents-only]
@@ -59,7 +60,10 @@ PAUSES_US = (0, 1_000, 10_000, 100_000)
 # UCX_TLS per row: UCX's own choice (shared memory between two processes of
 # this machine), and tcp, which a peer on another host may be left with.
 TRANSPORTS = (("UCX's default", None), ("tcp", "tcp"))
-STEPS, THREAD = "steps", "progress thread"
+STEPS = "steps"
+# The thread on both servers, as a platform-wide change would give it, and on
+# the prefill server alone, the one whose agent serves the reads.
+THREADS = {"progress thread, both servers": False, "progress thread, prefill": True}
 AGENT_LIMIT_S = 60
 
 
@@ -150,27 +154,37 @@ def thread_env(release: str, pause_ms: int) -> tuple[str, Path]:
 
 def arms(thread_build: str) -> tuple[Arm, ...]:
     return tuple(
-        Arm(f"{side}, {name}", build, key)
+        arm
         for side, key in DECODE_SIDES
-        for name, build in ((STEPS, PATCHED), (THREAD, thread_build))
+        for arm in (
+            Arm(f"{side}, {STEPS}", PATCHED, key),
+            *(
+                Arm(f"{side}, {name}", PATCHED, key, prefill_build=thread_build)
+                if prefill_only
+                else Arm(f"{side}, {name}", thread_build, key)
+                for name, prefill_only in THREADS.items()
+            ),
+        )
     )
 
 
 def report(results: Results, rounds: int, cells, pause_ms: int) -> None:
     arm_table(results, rounds, cells)
     print(
-        f"\nRatios {THREAD} (pause {pause_ms} ms) / {STEPS} "
+        f"\nRatios to {STEPS}, the thread pausing {pause_ms} ms "
         "(median over rounds, min-max):"
     )
-    print("| decode cache | concurrency | decode side | TTFT | output tok/s |")
-    print("|---|---|---|---|---|")
+    print("| decode cache | concurrency | decode side | arm | TTFT | output tok/s |")
+    print("|---|---|---|---|---|---|")
     for (cache, c), cell in results.items():
         for side, _ in DECODE_SIDES:
-            new, old = cell[f"{side}, {THREAD}"], cell[f"{side}, {STEPS}"]
-            print(
-                f"| {cache} | {c} | {side} | {ratio(new, old, ttft)} | "
-                f"{ratio(new, old, throughput)} |"
-            )
+            old = cell[f"{side}, {STEPS}"]
+            for name in THREADS:
+                new = cell[f"{side}, {name}"]
+                print(
+                    f"| {cache} | {c} | {side} | {name} | {ratio(new, old, ttft)} | "
+                    f"{ratio(new, old, throughput)} |"
+                )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

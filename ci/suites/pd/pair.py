@@ -197,18 +197,21 @@ def start_pair(
     host_env: Mapping[str, str] | None = None,
     confine: bool = True,
     prefill_args: Sequence[str] = (),
+    prefill_build: str | None = None,
 ) -> Pair:
     """A prefill server (`prefill_config`: plain NixlConnector, and
-    `prefill_args`), a decode server with `decode_config` (and `decode_args`:
-    the load case's cache cap), both with `host_env` and, with `confine` (the
-    CPU layout), each confined to its core, and the proxy in front, all
-    ready; logs named `<build>-<role>-<tag>.log`."""
+    `prefill_args`; of `prefill_build` where given, else of `build`), a
+    decode server with `decode_config` (and `decode_args`: the load case's
+    cache cap), both with `host_env` and, with `confine` (the CPU layout),
+    each confined to its core, and the proxy in front, all ready; logs named
+    `<build>-<role>-<tag>.log`."""
+    prefill_build = prefill_build or build
     prefill, prefill_port = start_vllm(
         stack,
         layout,
-        build,
+        prefill_build,
         model,
-        f"{build}-prefill-{tag}",
+        f"{prefill_build}-prefill-{tag}",
         prefill_config,
         PREFILL_CORES,
         prefix_caching,
