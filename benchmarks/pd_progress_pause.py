@@ -42,12 +42,14 @@ from benchmarks.pd_decode_reuse import (
     arm_table,
     cell_workloads,
     measure,
-    ratio,
     rounds_parser,
-    throughput,
-    ttft,
 )
-from benchmarks.pd_read_confirmation import DECODE_SIDES, RELEASE_PTH, layered_env
+from benchmarks.pd_read_confirmation import (
+    DECODE_SIDES,
+    RELEASE_PTH,
+    layered_env,
+    ratio_rows,
+)
 from ci.suites.pd.pair import PATCHED
 from vllm_overlay import cache_layout
 from vllm_overlay.errors import OverlayError, report_error
@@ -174,17 +176,13 @@ def report(results: Results, rounds: int, cells, pause_ms: int) -> None:
         f"\nRatios to {STEPS}, the thread pausing {pause_ms} ms "
         "(median over rounds, min-max):"
     )
-    print("| decode cache | concurrency | decode side | arm | TTFT | output tok/s |")
-    print("|---|---|---|---|---|---|")
-    for (cache, c), cell in results.items():
-        for side, _ in DECODE_SIDES:
-            old = cell[f"{side}, {STEPS}"]
-            for name in THREADS:
-                new = cell[f"{side}, {name}"]
-                print(
-                    f"| {cache} | {c} | {side} | {name} | {ratio(new, old, ttft)} | "
-                    f"{ratio(new, old, throughput)} |"
-                )
+    ratio_rows(
+        results,
+        "arm",
+        lambda side: [
+            (name, f"{side}, {name}", f"{side}, {STEPS}") for name in THREADS
+        ],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,7 +26,7 @@ Usage: python -m benchmarks.pd_read_confirmation [RELEASE] --previous-wheel
 
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -110,24 +110,40 @@ def previous_env(release: str, wheel: Path, label: str) -> Path:
     return env
 
 
+def ratio_rows(
+    results: Results,
+    column: str,
+    pairs: Callable[[str], Sequence[tuple[str, str, str]]],
+) -> None:
+    """Per cell and decode side, a row per `(label, arm, base arm)` of
+    `pairs(side)`: the arm's median TTFT and output tokens/s over the base
+    arm's, round by round; `column` heads the labels."""
+    print(
+        f"| decode cache | concurrency | decode side | {column} | TTFT | output tok/s |"
+    )
+    print("|---|---|---|---|---|---|")
+    for (cache, c), cell in results.items():
+        for side, _ in DECODE_SIDES:
+            for label, arm, base in pairs(side):
+                new, old = cell[arm], cell[base]
+                print(
+                    f"| {cache} | {c} | {side} | {label} | {ratio(new, old, ttft)} | "
+                    f"{ratio(new, old, throughput)} |"
+                )
+
+
 def report(
     results: Results, rounds: int, cells: Sequence[Workload], previous: Sequence[str]
 ) -> None:
     arm_table(results, rounds, cells)
     print(f"\nRatios {CHECKOUT} / previous (median over rounds, min-max):")
-    print(
-        "| decode cache | concurrency | decode side | previous | TTFT | output tok/s |"
+    ratio_rows(
+        results,
+        "previous",
+        lambda side: [
+            (label, f"{side}, {CHECKOUT}", f"{side}, {label}") for label in previous
+        ],
     )
-    print("|---|---|---|---|---|---|")
-    for (cache, c), cell in results.items():
-        for side, _ in DECODE_SIDES:
-            new = cell[f"{side}, {CHECKOUT}"]
-            for label in previous:
-                old = cell[f"{side}, {label}"]
-                print(
-                    f"| {cache} | {c} | {side} | {label} | {ratio(new, old, ttft)} | "
-                    f"{ratio(new, old, throughput)} |"
-                )
 
 
 def main(argv: list[str] | None = None) -> int:
