@@ -50,6 +50,7 @@ from benchmarks.pd_read_confirmation import (
     layered_env,
     ratio_rows,
 )
+from ci.suites.pd.bench import Workload
 from ci.suites.pd.pair import PATCHED
 from vllm_overlay import cache_layout
 from vllm_overlay.errors import OverlayError, report_error
@@ -81,7 +82,7 @@ def idle_read(python: Path, pause_us: int, transport: str | None) -> dict:
             ["taskset", "-c", "0", *run, "target", folder, str(pause_us)],
             env=env,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
             text=True,
         )
         try:
@@ -91,15 +92,21 @@ def idle_read(python: Path, pause_us: int, transport: str | None) -> dict:
                 capture_output=True,
                 text=True,
                 timeout=AGENT_LIMIT_S,
-                check=True,
             )
-            out, _ = target.communicate(timeout=AGENT_LIMIT_S)
+            out, err = target.communicate(timeout=AGENT_LIMIT_S)
         finally:
             if target.poll() is None:
                 target.kill()
                 target.wait()
-    if target.returncode:
-        raise OverlayError(f"the idle target (pause {pause_us} us) failed")
+    for role, code, stderr in (
+        ("reader", read.returncode, read.stderr),
+        ("target", target.returncode, err),
+    ):
+        if code:
+            last = stderr.strip().splitlines()[-1:] or ["no output"]
+            raise OverlayError(
+                f"the idle-read {role} (pause {pause_us} us) exited {code}: {last[0]}"
+            )
     # NIXL logs to stdout too: the result is the last line.
     return {
         **json.loads(out.splitlines()[-1]),
@@ -170,7 +177,9 @@ def arms(thread_build: str) -> tuple[Arm, ...]:
     )
 
 
-def report(results: Results, rounds: int, cells, pause_ms: int) -> None:
+def report(
+    results: Results, rounds: int, cells: Sequence[Workload], pause_ms: int
+) -> None:
     arm_table(results, rounds, cells)
     print(
         f"\nRatios to {STEPS}, the thread pausing {pause_ms} ms "
