@@ -29,7 +29,6 @@ Usage: python -m benchmarks.pd_progress_pause [RELEASE] [--rounds N]
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,8 +45,7 @@ from benchmarks.pd_decode_reuse import (
 )
 from benchmarks.pd_read_confirmation import (
     DECODE_SIDES,
-    RELEASE_PTH,
-    layered_env,
+    hooked_env,
     ratio_rows,
 )
 from ci.suites.pd.bench import Workload
@@ -142,23 +140,7 @@ def thread_env(release: str, pause_ms: int) -> tuple[str, Path]:
     """The layered environment whose every NIXL agent runs the progress
     thread with the pause, by its build name."""
     name = f"progress-pause-{pause_ms}ms"
-    env, site = layered_env(release, name)
-    shutil.copyfile(HOOK, site / HOOK.name)
-    # After the line that names the release environment, where NIXL is: a
-    # `.pth` file of its own could be read first.
-    with (site / RELEASE_PTH).open("a") as pth:
-        pth.write(
-            "import nixl_progress_pause; "
-            f"nixl_progress_pause.install({pause_ms * 1000})\n"
-        )
-    # The servers start as `ENV/bin/vllm`: the release's script, run by this
-    # environment's Python.
-    release_script = cache_layout.release_env(cache_root(), release) / "bin" / "vllm"
-    _, body = release_script.read_text().split("\n", 1)
-    script = env / "bin" / "vllm"
-    script.write_text(f"#!{env / 'bin' / 'python'}\n{body}")
-    script.chmod(0o755)
-    return name, env
+    return name, hooked_env(release, name, HOOK, f"install({pause_ms * 1000})")
 
 
 def arms(thread_build: str) -> tuple[Arm, ...]:

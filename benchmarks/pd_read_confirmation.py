@@ -24,6 +24,7 @@ Usage: python -m benchmarks.pd_read_confirmation [RELEASE] --previous-wheel
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
 
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -94,6 +95,26 @@ def layered_env(release: str, name: str) -> tuple[Path, Path]:
     [release_site] = (release_env / "lib").glob("python3*/site-packages")
     (own_site / RELEASE_PTH).write_text(f"{release_site}\n")
     return env, own_site
+
+
+def hooked_env(release: str, name: str, hook: Path, install: str) -> Path:
+    """A layered environment (`layered_env`) whose every Python process runs
+    `install`, a call into the module `hook` (copied into it), as it starts,
+    and whose `bin/vllm` starts the release's `vllm` there."""
+    env, site = layered_env(release, name)
+    shutil.copyfile(hook, site / hook.name)
+    # After the line that names the release environment, where the packages
+    # the hook wraps are: a `.pth` file of its own could be read first.
+    with (site / RELEASE_PTH).open("a") as pth:
+        pth.write(f"import {hook.stem}; {hook.stem}.{install}\n")
+    # The servers start as `ENV/bin/vllm`: the release's script, run by this
+    # environment's Python.
+    release_script = cache_layout.release_env(cache_root(), release) / "bin" / "vllm"
+    _, body = release_script.read_text().split("\n", 1)
+    script = env / "bin" / "vllm"
+    script.write_text(f"#!{env / 'bin' / 'python'}\n{body}")
+    script.chmod(0o755)
+    return env
 
 
 def previous_env(release: str, wheel: Path, label: str) -> Path:

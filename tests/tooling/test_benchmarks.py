@@ -16,6 +16,7 @@ import pytest
         "benchmarks.pd_confine",
         "benchmarks.pd_read_confirmation",
         "benchmarks.pd_progress_pause",
+        "benchmarks.pd_question_timing",
     ],
 )
 def test_benchmark_imports(module):

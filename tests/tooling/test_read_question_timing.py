@@ -1,0 +1,101 @@
+"""The benchmark-only hook that times the decode side's question before a
+read (`benchmarks/read_question_timing.py`): the patched NIXL scheduler's
+methods it wraps are stood in for by a class with the same names, since the
+real ones run only inside a decode server (the benchmark itself fails when a
+real run recorded nothing)."""
+
+import json
+import sys
+import time
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+from benchmarks import read_question_timing as hook
+
+
+class _Scheduler:
+    """What `nixl-decode-confirms-reads` gives the pull scheduler: a question
+    asked as the request arrives, and attempts that find no answer (None)
+    until it came."""
+
+    def __init__(self, answer: Future) -> None:
+        self.answer = answer
+        self._held_answers = {}
+
+    def on_new_request(self, request):
+        self._ask_held(request)
+
+    def _ask_held(self, request):
+        self._held_answers[request.request_id] = SimpleNamespace(answer=self.answer)
+
+    def _remote_blocks_still_held(self, request):
+        return True if self.answer.done() else None
+
+
+class _LocalScheduler(_Scheduler):
+    def on_new_request(self, request):
+        """A request with nothing to pull asks nothing."""
+
+
+def test_a_pulled_request_becomes_one_line_with_its_times_in_order(tmp_path):
+    timings = hook._Timings(tmp_path)
+    answer: Future = Future()
+    scheduler_class = type("Scheduler", (_Scheduler,), {})
+    hook._patch_scheduler_class(scheduler_class, timings)
+    scheduler = scheduler_class(answer)
+    request = SimpleNamespace(request_id="req-1")
+    setattr(request, hook.RECEIVED, time.monotonic())
+
+    scheduler.on_new_request(request)
+    assert scheduler._remote_blocks_still_held(request) is None
+    assert not timings.path.exists()
+    answer.set_result({"remote": 5.0})
+    assert scheduler._remote_blocks_still_held(request) is True
+
+    [line] = timings.path.read_text().splitlines()
+    timing = json.loads(line)
+    assert timing["attempts_before"] == 1
+    assert timing["held"] is True
+    order = ["received", "added", "asked", "answered", "taken_up"]
+    assert [timing[key] for key in order] == sorted(timing[key] for key in order)
+
+
+def test_a_request_that_never_asked_writes_nothing(tmp_path):
+    timings = hook._Timings(tmp_path)
+    scheduler_class = type("Scheduler", (_LocalScheduler,), {})
+    hook._patch_scheduler_class(scheduler_class, timings)
+    done: Future = Future()
+    done.set_result({})
+    scheduler = scheduler_class(done)
+    request = SimpleNamespace(request_id="local")
+
+    scheduler.on_new_request(request)
+    assert scheduler._remote_blocks_still_held(request) is True
+    assert not timings.path.exists()
+
+
+def test_install_patches_a_named_module_once_it_ran(tmp_path, monkeypatch):
+    package = tmp_path / "timed_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "scheduler.py").write_text(
+        "class Scheduler:\n"
+        "    def on_new_request(self, request): pass\n"
+        "    def _ask_held(self, request): pass\n"
+        "    def _remote_blocks_still_held(self, request): return None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(hook, "SCHEDULERS", ("timed_pkg.scheduler",))
+
+    hook.install(str(tmp_path))
+    hook.install(str(tmp_path))
+    finders = [f for f in sys.meta_path if isinstance(f, hook._PatchOnImport)]
+    try:
+        from timed_pkg.scheduler import Scheduler
+
+        assert len(finders) == 1
+        assert Scheduler.on_new_request.__name__ == "timed_on_new_request"
+    finally:
+        for name in ("timed_pkg.scheduler", "timed_pkg"):
+            sys.modules.pop(name, None)
