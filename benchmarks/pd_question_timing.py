@@ -60,7 +60,10 @@ BUILD = "question-timing"
 
 
 def percentile(values: Sequence[float], share: float) -> float:
-    """The value `share` of `values` are at or under (nearest rank)."""
+    """The value `share` of `values` are at or under (nearest rank); nan
+    for none, as `median`."""
+    if not values:
+        return float("nan")
     ordered = sorted(values)
     return ordered[max(0, round(share * len(ordered)) - 1)]
 
@@ -74,16 +77,17 @@ def timings(folder: Path) -> list[dict]:
     ]
 
 
-def row(concurrency: int, side: str, timings: list[dict], samples: list[Sample]):
+def row(concurrency: int, side: str, timed: list[dict], samples: list[Sample]) -> str:
     """One line of the table: a decode side's requests at one concurrency."""
-    queued = [t["added"] - t["received"] for t in timings if t["received"]]
-    answer = [t["answered"] - t["asked"] for t in timings if "answered" in t]
-    taken_up = [t["taken_up"] - t["asked"] for t in timings]
-    missed = sum(1 for t in timings if t["attempts_before"])
+    queued = [t["added"] - t["received"] for t in timed if t["received"] is not None]
+    answer = [t["answered"] - t["asked"] for t in timed if "answered" in t]
+    taken_up = [t["taken_up"] - t["asked"] for t in timed]
+    missed = sum(1 for t in timed if t["attempts_before"])
     in_time = sum(
         1
-        for t in timings
-        if t["received"] and t["answered"] - t["asked"] < t["added"] - t["received"]
+        for t in timed
+        if t["received"] is not None
+        and t["answered"] - t["asked"] < t["added"] - t["received"]
     )
 
     def ms(values: Sequence[float]) -> str:
@@ -91,9 +95,9 @@ def row(concurrency: int, side: str, timings: list[dict], samples: list[Sample])
 
     benches = [s.bench for s in samples]
     return (
-        f"| {concurrency} | {side} | {len(timings)} | {ms(queued)} | {ms(answer)} | "
-        f"{ms(taken_up)} | {missed / len(timings):.0%} | "
-        f"{in_time / len(timings):.0%} | "
+        f"| {concurrency} | {side} | {len(timed)} | {ms(queued)} | {ms(answer)} | "
+        f"{ms(taken_up)} | {missed / len(timed):.0%} | "
+        f"{in_time / len(timed):.0%} | "
         f"{statistics.median(b.median_ttft_s for b in benches) * 1000:.0f} ms | "
         f"{statistics.median(b.median_tpot_s for b in benches) * 1000:.1f} ms |"
     )

@@ -2,7 +2,8 @@
 read (`benchmarks/read_question_timing.py`): the patched NIXL scheduler's
 methods it wraps are stood in for by a class with the same names, since the
 real ones run only inside a decode server (the benchmark itself fails when a
-real run recorded nothing)."""
+real run recorded nothing); and the benchmark's table row that reads its
+lines."""
 
 import json
 import sys
@@ -11,6 +12,7 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 
 from benchmarks import read_question_timing as hook
+from benchmarks.pd_question_timing import row
 
 
 class _Scheduler:
@@ -99,3 +101,19 @@ def test_install_patches_a_named_module_once_it_ran(tmp_path, monkeypatch):
     finally:
         for name in ("timed_pkg.scheduler", "timed_pkg"):
             sys.modules.pop(name, None)
+
+
+def test_the_tables_row_counts_a_request_received_at_time_zero():
+    """`benchmarks/pd_question_timing.py` reads the hook's lines: a receipt at
+    time 0.0 is a receipt, and a cell with none left prints nan."""
+    line = {"received": 0.0, "added": 0.004, "asked": 0.004, "answered": 0.006}
+    line.update(taken_up=0.011, attempts_before=0, held=True)
+    runs = [
+        SimpleNamespace(bench=SimpleNamespace(median_ttft_s=0.1, median_tpot_s=0.007))
+    ]
+
+    cells = row(4, "NixlConnector", [line], runs).split(" | ")
+    assert cells[3] == "4.0 / 4.0 ms"
+    assert cells[6:8] == ["0%", "100%"]
+    unstamped = row(4, "NixlConnector", [dict(line, received=None)], runs)
+    assert unstamped.split(" | ")[3] == "nan / nan ms"
