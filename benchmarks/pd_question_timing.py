@@ -36,7 +36,6 @@ Usage: python -m benchmarks.pd_question_timing [RELEASE] [--rounds N]
 
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -87,6 +86,7 @@ def row(concurrency: int, side: str, timed: list[dict], samples: list[Sample]) -
         1
         for t in timed
         if t["received"] is not None
+        and "answered" in t
         and t["answered"] - t["asked"] < t["added"] - t["received"]
     )
 
@@ -98,8 +98,8 @@ def row(concurrency: int, side: str, timed: list[dict], samples: list[Sample]) -
         f"| {concurrency} | {side} | {len(timed)} | {ms(queued)} | {ms(answer)} | "
         f"{ms(taken_up)} | {missed / len(timed):.0%} | "
         f"{in_time / len(timed):.0%} | "
-        f"{statistics.median(b.median_ttft_s for b in benches) * 1000:.0f} ms | "
-        f"{statistics.median(b.median_tpot_s for b in benches) * 1000:.1f} ms |"
+        f"{median([b.median_ttft_s for b in benches]) * 1000:.0f} ms | "
+        f"{median([b.median_tpot_s for b in benches]) * 1000:.1f} ms |"
     )
 
 

@@ -99,6 +99,8 @@ def _patch_scheduler_class(cls: type, timings: _Timings) -> None:
         timing["asked"] = asked
 
         def answered(_future: object) -> None:
+            # Runs just after the future is done, so a line written in
+            # between has no "answered": the table leaves it out there.
             timing["answered"] = time.monotonic()
 
         self._held_answers[request.request_id].answer.add_done_callback(answered)
