@@ -1,11 +1,11 @@
 """Where a pulled request's time goes on a loaded decode server before its
 read: `nixl-decode-confirms-reads` asks the prefill server's listener
-whether it still holds the blocks as the request reaches the scheduler, and
+whether it still holds the blocks as the engine's input thread receives the
+request (before `hybridkv.20` of 0.32.0, as the scheduler added it), and
 schedules the read at the first attempt that finds the answer. Issue 37's
 goal at concurrency 4 (TTFT within 5 % of the build before the question) is
 measured in `benchmarks/pd_read_confirmation.py`; this says what the
-question adds, and whether asking as the engine's input thread receives the
-request would have the answer in time.
+question adds.
 
 The P/D pair of `benchmarks/pd_decode_reuse.py` (tiny Qwen3.5 hybrid, each
 server confined to its core, the decode cache capped), plain NixlConnector
@@ -23,7 +23,8 @@ median and 90th percentile of
 
 the share of requests whose first attempt found no answer (the request then
 waits for a later step; the build before the question posted every read at
-its first attempt), and the share whose answer would have come before the
+its first attempt), and the share whose answer came, or with a build that
+asked as the scheduler added the request would have come, before the
 scheduler added them had the question left as the input thread received
 them (answer < queued). `vllm bench serve`'s median TTFT and TPOT of the
 same runs give the scale. The decode sides run one after the other, each
@@ -142,8 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         "| concurrency | decode side | requests | queued | answer | taken up | "
-        "first attempt without the answer | answer before the scheduler had "
-        "asked on receipt | median TTFT | median TPOT |"
+        "first attempt without the answer | answer before the scheduler added "
+        "it, asked on receipt | median TTFT | median TPOT |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for line in rows:

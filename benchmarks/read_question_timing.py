@@ -1,12 +1,14 @@
 """Times, on a decode server, what `nixl-decode-confirms-reads`' question
 before a read costs a pulled request: from the engine's input thread
-receiving it (`EngineCore.preprocess_add_request`) to the scheduler adding
-it (`on_new_request`, which asks the prefill server's listener whether it
-holds the blocks), the answer's arrival (the asking thread's future
-completing), and the attempt to schedule the request that took the answer
-up (`_remote_blocks_still_held` returning other than None), with how many
-attempts found no answer before it. Each such request becomes one JSON line
-in a file of its process under the folder given to `install`.
+receiving it (`EngineCore.preprocess_add_request`, where the question leaves
+in every pinned release's series from `hybridkv.20` of 0.32.0 on) to the
+scheduler adding it (`on_new_request`, where it left before), the question
+(`_question`) and its
+answer's arrival (the asking thread's future completing), and the attempt
+to schedule the request that took the answer up (`_remote_blocks_still_held`
+returning other than None), with how many attempts found no answer before
+it. Each such request becomes one JSON line in a file of its process under
+the folder given to `install`.
 
 Not part of the product: `benchmarks/pd_question_timing.py` puts this file
 into an environment of its own, with a `.pth` line that calls `install`.
@@ -32,8 +34,6 @@ NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 # The decode side's question lives in the pull scheduler from 0.30.0 on, and
 # in the one NIXL scheduler module before.
 SCHEDULERS = (f"{NIXL}.pull_scheduler", f"{NIXL}.scheduler")
-# Set on the engine's Request as its input thread made it (time.monotonic()).
-RECEIVED = "_read_question_timing_received"
 
 
 class _Timings:
@@ -44,6 +44,12 @@ class _Timings:
         self.path = folder / f"{os.getpid()}.jsonl"
         self.requests: dict[str, dict[str, Any]] = {}
 
+    def received(self, request_id: str) -> None:
+        self.requests[request_id] = {
+            "received": time.monotonic(),
+            "attempts_before": 0,
+        }
+
     def taken_up(self, request_id: str, held: bool) -> None:
         timing = self.requests.pop(request_id, None)
         if timing is None or "asked" not in timing:
@@ -53,14 +59,13 @@ class _Timings:
             out.write(json.dumps(timing) + "\n")
 
 
-def _patch_engine_core(module: ModuleType, _timings: _Timings) -> None:
+def _patch_engine_core(module: ModuleType, timings: _Timings) -> None:
     preprocess = module.EngineCore.preprocess_add_request
 
     def preprocess_add_request(self, request):
-        made = preprocess(self, request)
-        engine_request = made[0] if isinstance(made, tuple) else made
-        setattr(engine_request, RECEIVED, time.monotonic())
-        return made
+        # Before the patched build's question, which leaves from here.
+        timings.received(request.request_id)
+        return preprocess(self, request)
 
     module.EngineCore.preprocess_add_request = preprocess_add_request
 
@@ -79,23 +84,25 @@ def _patch_scheduler(module: ModuleType, timings: _Timings) -> None:
 
 def _patch_scheduler_class(cls: type, timings: _Timings) -> None:
     on_new_request = cls.on_new_request
-    ask_held = cls._ask_held
+    question = cls._question
     still_held = cls._remote_blocks_still_held
 
     def timed_on_new_request(self, request):
-        timings.requests[request.request_id] = {
-            "received": getattr(request, RECEIVED, None),
-            "added": time.monotonic(),
-            "attempts_before": 0,
-        }
-        return on_new_request(self, request)
+        timing = timings.requests.setdefault(
+            request.request_id, {"received": None, "attempts_before": 0}
+        )
+        timing["added"] = time.monotonic()
+        on_new_request(self, request)
+        if "asked" not in timing:
+            # Nothing to pull (a prefill server's request, a local hit).
+            timings.requests.pop(request.request_id, None)
 
-    def timed_ask_held(self, request):
+    def timed_question(self, request):
         timing = timings.requests.get(request.request_id)
         asked = time.monotonic()
-        ask_held(self, request)
+        held_answer = question(self, request)
         if timing is None or "asked" in timing:
-            return
+            return held_answer
         timing["asked"] = asked
 
         def answered(_future: object) -> None:
@@ -103,7 +110,8 @@ def _patch_scheduler_class(cls: type, timings: _Timings) -> None:
             # between has no "answered": the table leaves it out there.
             timing["answered"] = time.monotonic()
 
-        self._held_answers[request.request_id].answer.add_done_callback(answered)
+        held_answer.answer.add_done_callback(answered)
+        return held_answer
 
     def timed_still_held(self, request):
         held = still_held(self, request)
@@ -116,7 +124,7 @@ def _patch_scheduler_class(cls: type, timings: _Timings) -> None:
         return held
 
     cls.on_new_request = timed_on_new_request
-    cls._ask_held = timed_ask_held
+    cls._question = timed_question
     cls._remote_blocks_still_held = timed_still_held
 
 

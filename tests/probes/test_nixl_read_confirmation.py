@@ -54,7 +54,7 @@ import pytest
 import vllm.envs as envs
 import zmq
 from conftest import MakeScheduler
-from hybrid_scheduler import generation_request
+from hybrid_scheduler import BLOCK_SIZE, generation_request
 from nixl_sides import nixl_config, prefill_side_finished, prompt
 from scheduler_side_connector import StoreChild
 from vllm.config import KVTransferConfig
@@ -72,9 +72,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import (
     NixlConnectorWorker,
 )
+from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import init_none_hash
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreRequest
+from vllm.v1.engine.core import EngineCore
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 
@@ -534,6 +537,124 @@ def test_decode_side_asks_before_the_scheduler_looks_at_a_request(
         f"answered already, left it {request.status.name}: its read waits a "
         "step for an answer it had"
     )
+
+
+def received_by_engine(
+    scheduler: Scheduler, request_id: str, params: dict[str, Any]
+) -> Request:
+    """A decode request carrying `params` as the engine core's input thread
+    makes it (`EngineCore.preprocess_add_request`, the real method on an
+    object holding only what it reads, `scheduler` the engine's), not yet
+    added to the scheduler: as a request waiting for the engine's loop."""
+    sampling_params = SamplingParams(
+        max_tokens=4, extra_args={"kv_transfer_params": dict(params)}
+    )
+    sampling_params.update_from_generation_config({}, 2)
+    engine = SimpleNamespace(
+        mm_receiver_cache=None,
+        request_block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
+        structured_output_manager=None,
+        scheduler=scheduler,
+    )
+    received = EngineCoreRequest(
+        request_id=request_id,
+        prompt_token_ids=prompt(NUM_TOKENS),
+        mm_features=None,
+        sampling_params=sampling_params,
+        pooling_params=None,
+        arrival_time=time.time(),
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+    )
+    request, _ = EngineCore.preprocess_add_request(engine, received)
+    return request
+
+
+def promised_reader(prefill: Scheduler, finished: Request) -> Any:
+    """What the prefill side's listener recorded of the questions about
+    `finished`'s blocks: the decode request promised them, and every asker
+    told they are held."""
+    prefill_side: Any = prefill.connector
+    return prefill_side.connector_scheduler._held_for_remote_read[finished.request_id]
+
+
+def reader_of(scheduler: Scheduler, request_id: str) -> str:
+    """The name a decode request asks in (utils.reader_name)."""
+    utils = importlib.import_module(
+        "vllm.distributed.kv_transfer.kv_connector.v1.nixl.utils"
+    )
+    return utils.reader_name(decode_engine_id(scheduler), request_id)
+
+
+def wait_until_promised(prefill: Scheduler, finished: Request, reader: str) -> bool:
+    """Whether the prefill side promised `finished`'s blocks to `reader`
+    within the probes' bound."""
+    for _ in range(MAX_STEPS):
+        if promised_reader(prefill, finished).reader == reader:
+            return True
+        time.sleep(STEP_S)
+    return False
+
+
+def test_decode_side_asks_as_the_engine_receives_a_request(
+    prefill: Scheduler, make_scheduler: MakeScheduler
+) -> None:
+    """The engine's input thread has the decode side ask the prefill side
+    about a request's blocks as it receives the request, while the
+    engine's loop still runs the step it is in, so that the answer is there
+    when the scheduler adds the request and first tries it: asked as the
+    scheduler added it, the answer came after that attempt for 86-88 % of
+    requests on a loaded CPU pair of 0.32.0, and their reads waited a decode
+    step (docs/benchmarks/2026-11-28-question-timing.md). The prefill
+    side's listener is real, and records the question in the request's
+    name as it answers it."""
+    finished, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(nixl_config())
+
+    request = received_by_engine(decode, DECODE_REQUEST, params)
+
+    assert wait_until_promised(prefill, finished, reader_of(decode, DECODE_REQUEST)), (
+        f"the prefill side was not asked about request {DECODE_REQUEST!r} as "
+        "the engine received it: the question waits for the scheduler, whose "
+        "first attempt then finds no answer"
+    )
+    decode.add_request(request)
+    decode.schedule()
+    assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS, (
+        f"the decode side's first look at request {DECODE_REQUEST!r}, answered "
+        f"on receipt, left it {request.status.name}"
+    )
+
+
+def test_a_retry_received_behind_its_first_try_asks_nothing(
+    prefill: Scheduler, make_scheduler: MakeScheduler
+) -> None:
+    """A router's retry that reaches the decode engine while the first try
+    still waits for the engine's loop (both received, neither added) asks
+    nothing: the first try claimed the read as it was received, so the
+    prefill side's promise goes to it whichever question would have come
+    first, the first try reads, and the retry is computed here."""
+    finished, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(nixl_config())
+    first_id, retry_id = f"{DECODE_REQUEST}-0", f"{DECODE_REQUEST}-1"
+
+    first = received_by_engine(decode, first_id, params)
+    retry = received_by_engine(decode, retry_id, params)
+
+    assert wait_until_promised(prefill, finished, reader_of(decode, first_id)), (
+        f"the prefill side did not promise the blocks to the first try {first_id!r}"
+    )
+    decode.add_request(first)
+    decode.add_request(retry)
+    decode.schedule()
+    assert (first.status, retry.status) == (
+        RequestStatus.WAITING_FOR_REMOTE_KVS,
+        RequestStatus.RUNNING,
+    ), "the first try reads, its retry computes its prompt here"
+    assert promised_reader(prefill, finished).told_held == {
+        reader_of(decode, first_id)
+    }, "the retry asked the prefill side about the blocks its first try reads"
 
 
 def waiting_for_room(

@@ -7,9 +7,10 @@ lines."""
 
 import json
 import sys
-import time
 from concurrent.futures import Future
 from types import SimpleNamespace
+
+import pytest
 
 from benchmarks import read_question_timing as hook
 from benchmarks.pd_question_timing import row
@@ -17,18 +18,23 @@ from benchmarks.pd_question_timing import row
 
 class _Scheduler:
     """What `nixl-decode-confirms-reads` gives the pull scheduler: a question
-    asked as the request arrives, and attempts that find no answer (None)
-    until it came."""
+    asked as the request reaches the scheduler unless the engine's input
+    thread asked it already, and attempts that find no answer (None) until
+    it came."""
 
     def __init__(self, answer: Future) -> None:
         self.answer = answer
         self._held_answers = {}
 
-    def on_new_request(self, request):
-        self._ask_held(request)
+    def on_request_received(self, request):
+        self._held_answers[request.request_id] = self._question(request)
 
-    def _ask_held(self, request):
-        self._held_answers[request.request_id] = SimpleNamespace(answer=self.answer)
+    def on_new_request(self, request):
+        if request.request_id not in self._held_answers:
+            self._held_answers[request.request_id] = self._question(request)
+
+    def _question(self, request):
+        return SimpleNamespace(answer=self.answer)
 
     def _remote_blocks_still_held(self, request):
         return True if self.answer.done() else None
@@ -39,15 +45,45 @@ class _LocalScheduler(_Scheduler):
         """A request with nothing to pull asks nothing."""
 
 
-def test_a_pulled_request_becomes_one_line_with_its_times_in_order(tmp_path):
-    timings = hook._Timings(tmp_path)
-    answer: Future = Future()
-    scheduler_class = type("Scheduler", (_Scheduler,), {})
-    hook._patch_scheduler_class(scheduler_class, timings)
-    scheduler = scheduler_class(answer)
-    request = SimpleNamespace(request_id="req-1")
-    setattr(request, hook.RECEIVED, time.monotonic())
+class _EngineCore:
+    """The engine core's input thread: it makes the engine's request and,
+    patched, asks as it receives it."""
 
+    def __init__(self, scheduler: _Scheduler, on_receipt: bool) -> None:
+        self.scheduler = scheduler
+        self.on_receipt = on_receipt
+
+    def preprocess_add_request(self, request):
+        if self.on_receipt:
+            self.scheduler.on_request_received(request)
+        return request, 0
+
+
+def _timed(tmp_path, scheduler_base: type, answer: Future, on_receipt: bool):
+    timings = hook._Timings(tmp_path)
+    scheduler_class = type("Scheduler", (scheduler_base,), {})
+    hook._patch_scheduler_class(scheduler_class, timings)
+    engine_module = SimpleNamespace(EngineCore=type("EngineCore", (_EngineCore,), {}))
+    hook._patch_engine_core(engine_module, timings)
+    scheduler = scheduler_class(answer)
+    return timings, scheduler, engine_module.EngineCore(scheduler, on_receipt)
+
+
+@pytest.mark.parametrize(
+    ("on_receipt", "order"),
+    [
+        (False, ["received", "added", "asked", "answered", "taken_up"]),
+        (True, ["received", "asked", "added", "answered", "taken_up"]),
+    ],
+)
+def test_a_pulled_request_becomes_one_line_with_its_times_in_order(
+    tmp_path, on_receipt, order
+):
+    answer: Future = Future()
+    timings, scheduler, engine = _timed(tmp_path, _Scheduler, answer, on_receipt)
+    request = SimpleNamespace(request_id="req-1")
+
+    engine.preprocess_add_request(request)
     scheduler.on_new_request(request)
     assert scheduler._remote_blocks_still_held(request) is None
     assert not timings.path.exists()
@@ -58,20 +94,18 @@ def test_a_pulled_request_becomes_one_line_with_its_times_in_order(tmp_path):
     timing = json.loads(line)
     assert timing["attempts_before"] == 1
     assert timing["held"] is True
-    order = ["received", "added", "asked", "answered", "taken_up"]
     assert [timing[key] for key in order] == sorted(timing[key] for key in order)
 
 
-def test_a_request_that_never_asked_writes_nothing(tmp_path):
-    timings = hook._Timings(tmp_path)
-    scheduler_class = type("Scheduler", (_LocalScheduler,), {})
-    hook._patch_scheduler_class(scheduler_class, timings)
+def test_a_request_that_never_asked_writes_nothing_and_is_forgotten(tmp_path):
     done: Future = Future()
     done.set_result({})
-    scheduler = scheduler_class(done)
+    timings, scheduler, engine = _timed(tmp_path, _LocalScheduler, done, False)
     request = SimpleNamespace(request_id="local")
 
+    engine.preprocess_add_request(request)
     scheduler.on_new_request(request)
+    assert timings.requests == {}
     assert scheduler._remote_blocks_still_held(request) is True
     assert not timings.path.exists()
 
@@ -83,7 +117,7 @@ def test_install_patches_a_named_module_once_it_ran(tmp_path, monkeypatch):
     (package / "scheduler.py").write_text(
         "class Scheduler:\n"
         "    def on_new_request(self, request): pass\n"
-        "    def _ask_held(self, request): pass\n"
+        "    def _question(self, request): pass\n"
         "    def _remote_blocks_still_held(self, request): return None\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
