@@ -23,12 +23,11 @@ median and 90th percentile of
 
 the share of requests whose first attempt found no answer (the request then
 waits for a later step; the build before the question posted every read at
-its first attempt), and the share whose answer came, or with a build that
-asked as the scheduler added the request would have come, before the
-scheduler added them had the question left as the input thread received
-them (answer < queued). `vllm bench serve`'s median TTFT and TPOT of the
-same runs give the scale. The decode sides run one after the other, each
-over every round.
+its first attempt), and the share whose answer took less than their queue
+wait (answer < queued): asked on receipt, as this build asks, their answer
+was there when the scheduler added them. `vllm bench serve`'s median TTFT
+and TPOT of the same runs give the scale. The decode sides run one after
+the other, each over every round.
 
 Usage: python -m benchmarks.pd_question_timing [RELEASE] [--rounds N]
     [--concurrency C ...]

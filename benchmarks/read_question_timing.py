@@ -1,11 +1,10 @@
 """Times, on a decode server, what `nixl-decode-confirms-reads`' question
 before a read costs a pulled request: from the engine's input thread
-receiving it (`EngineCore.preprocess_add_request`, where the question leaves
-in every pinned release's series from `hybridkv.20` of 0.32.0 on) to the
-scheduler adding it (`on_new_request`, where it left before), the question
-(`_question`) and its
-answer's arrival (the asking thread's future completing), and the attempt
-to schedule the request that took the answer up (`_remote_blocks_still_held`
+receiving it (`EngineCore.preprocess_add_request`, where the question
+leaves) to the scheduler adding it (`on_new_request`, where it left before
+`hybridkv.20` of 0.32.0), the question (`_question`) and its answer's
+arrival (the asking thread's future completing), and the attempt to
+schedule the request that took the answer up (`_remote_blocks_still_held`
 returning other than None), with how many attempts found no answer before
 it. Each such request becomes one JSON line in a file of its process under
 the folder given to `install`.
