@@ -22,7 +22,7 @@ arms interleaved, every ratio the median over rounds of each round's ratio
 with its min-max.
 
 Usage: python -m benchmarks.pd_confine [RELEASE] [--rounds N]
-    [--concurrency C ...] [--caches capped uncapped]
+    [--concurrency C ...] [--prompts N] [--caches capped uncapped]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         "--caches", nargs="+", choices=CACHES, default=["capped", "uncapped"]
     )
     args = parser.parse_args(argv)
-    cells = cell_workloads("cpu", args.concurrency, None)
+    cells = cell_workloads("cpu", args.concurrency, args.prompts)
     try:
         results = measure(args.release, args.rounds, cells, ARMS, args.caches)
     except OverlayError as exc:

@@ -107,7 +107,11 @@ class Sample:
     expired_leases: int
     released_reads: int
     # CPU seconds each server used over the run: the one server's, or the
-    # prefill and the decode server's.
+    # prefill and the decode server's. They include each worker's busy-wait
+    # for the engine's next step (vLLM's shared-memory queue yields in a loop
+    # for a second after each message, `shm_broadcast.py` `SpinCondition`),
+    # which fills whatever its core leaves idle: the column shows where a
+    # core's time went, not how much work a server did.
     cpu_s: tuple[float, ...]
 
 
@@ -331,11 +335,15 @@ def ratio_table(results: Results) -> None:
         print(f"| {cache} | {c} | " + " | ".join(cells) + " |")
 
 
-def rounds(text: str) -> int:
-    """`--rounds`: how many times each arm runs, at least once."""
-    value = int(text)
+def at_least_one(text: str) -> int:
+    """A count that must be at least 1: `--rounds` (how many times each arm
+    runs), `--concurrency`, `--prompts` and `--output-len`."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
 
 
@@ -344,13 +352,19 @@ def rounds_parser(
 ) -> argparse.ArgumentParser:
     """The arguments every P/D benchmark takes: the release, `--rounds` and,
     where it runs `vllm bench serve` at several concurrencies, `--concurrency`
-    with these defaults."""
+    with these defaults and `--prompts`."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("release", nargs="?", default=e2e_release())
-    parser.add_argument("--rounds", type=rounds, default=3)
+    parser.add_argument("--rounds", type=at_least_one, default=3)
     if concurrency is not None:
         parser.add_argument(
-            "--concurrency", type=int, nargs="+", default=list(concurrency)
+            "--concurrency", type=at_least_one, nargs="+", default=list(concurrency)
+        )
+        parser.add_argument(
+            "--prompts",
+            type=at_least_one,
+            help=f"requests per run (default: {PROMPTS_PER_CLIENT} per client and "
+            f"at least {MIN_PROMPTS})",
         )
     return parser
 
@@ -358,16 +372,14 @@ def rounds_parser(
 def main(argv: list[str] | None = None) -> int:
     parser = rounds_parser(__doc__, concurrency=(1, 4, 12))
     parser.add_argument(
-        "--prompts",
-        type=int,
-        help="requests per run (default: 4 per client and at least 16; seed: 512)",
+        "--output-len", type=at_least_one, help="output tokens per request"
     )
-    parser.add_argument("--output-len", type=int, help="output tokens per request")
     parser.add_argument(
         "--workload",
         choices=("cpu", "seed"),
         default="cpu",
-        help="the prompt layout: this CPU's (default) or the seed's, for a GPU",
+        help="the prompt layout: this CPU's (default) or the seed's, for a GPU "
+        "(512 requests per run unless --prompts)",
     )
     args = parser.parse_args(argv)
     cells = cell_workloads(args.workload, args.concurrency, args.prompts)

@@ -23,7 +23,7 @@ this checkout):
    with the thread runs in an environment of its own whose startup sets it.
 
 Usage: python -m benchmarks.pd_progress_pause [RELEASE] [--rounds N]
-    [--concurrency C ...] [--pause-ms MS] [--agents-only]
+    [--concurrency C ...] [--prompts N] [--pause-ms MS] [--agents-only]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
 
@@ -196,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         agents_table(release_python)
         if args.agents_only:
             return 0
-        cells = cell_workloads("cpu", args.concurrency, None)
+        cells = cell_workloads("cpu", args.concurrency, args.prompts)
         build, env = thread_env(args.release, args.pause_ms)
         results = measure(
             args.release, args.rounds, cells, arms(build), ["capped"], {build: env}

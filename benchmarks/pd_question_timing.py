@@ -30,7 +30,7 @@ and TPOT of the same runs give the scale. The decode sides run one after
 the other, each over every round.
 
 Usage: python -m benchmarks.pd_question_timing [RELEASE] [--rounds N]
-    [--concurrency C ...]
+    [--concurrency C ...] [--prompts N]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
 
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     try:
         env = hooked_env(args.release, BUILD, HOOK, f"install({str(folder)!r})")
-        for cell in cell_workloads("cpu", args.concurrency, None):
+        for cell in cell_workloads("cpu", args.concurrency, args.prompts):
             # One decode side at a time: a MultiConnector's NIXL child cannot
             # tell its process's timings from plain NixlConnector's.
             for side, key in DECODE_SIDES:

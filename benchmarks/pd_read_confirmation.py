@@ -19,7 +19,7 @@ previous of median TTFT and of output tokens/s, the median over rounds of
 each round's ratio with its min-max.
 
 Usage: python -m benchmarks.pd_read_confirmation [RELEASE] --previous-wheel
-    WHEEL [WHEEL ...] [--rounds N] [--concurrency C ...]
+    WHEEL [WHEEL ...] [--rounds N] [--concurrency C ...] [--prompts N]
     [--caches capped uncapped]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--previous-wheel", type=Path, nargs="+", required=True)
     parser.add_argument("--caches", nargs="+", choices=CACHES, default=["capped"])
     args = parser.parse_args(argv)
-    cells = cell_workloads("cpu", args.concurrency, None)
+    cells = cell_workloads("cpu", args.concurrency, args.prompts)
     try:
         labels = [build_label(wheel) for wheel in args.previous_wheel]
         if len(set(labels)) != len(labels):
