@@ -38,6 +38,7 @@ and the read in flight, left as `_read_blocks` leaves one (its handle in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
@@ -184,26 +185,43 @@ def _fixed_block_hash_seed() -> None:
     init_none_hash(sha256)
 
 
-@pytest.fixture
-def prefill(
+def prefill_scheduler(
     make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Scheduler]:
-    """A prefill instance's scheduler with NixlConnector, its handshake
-    listener serving on 127.0.0.1, as the engine core starts it once its
-    workers sent their handshake metadata."""
+) -> Scheduler:
+    """A prefill instance's scheduler with NixlConnector whose handshake
+    listener will serve on 127.0.0.1 (`listening`)."""
     monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
     monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
     if hasattr(envs, "disable_envs_cache"):
         envs.disable_envs_cache()
-    scheduler = make_scheduler(nixl_config())
+    return make_scheduler(nixl_config())
+
+
+@contextlib.contextmanager
+def listening(scheduler: Scheduler) -> Iterator[Scheduler]:
+    """`scheduler` with its handshake listener serving, as the engine core
+    starts it once its workers sent their handshake metadata; shut down
+    after."""
     connector: Any = scheduler.connector
     payload = NixlHandshakePayload(compatibility_hash="probe", agent_metadata_bytes=b"")
     if hasattr(connector, "set_xfer_handshake_metadata_pp_aware"):
         connector.set_xfer_handshake_metadata_pp_aware({(0, 0): payload})
     else:  # 0.22.1: by tensor-parallel rank
         connector.set_xfer_handshake_metadata({0: payload})
-    yield scheduler
-    connector.shutdown()
+    try:
+        yield scheduler
+    finally:
+        connector.shutdown()
+
+
+@pytest.fixture
+def prefill(
+    make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Scheduler]:
+    """A prefill instance's scheduler with NixlConnector, its handshake
+    listener serving on 127.0.0.1."""
+    with listening(prefill_scheduler(make_scheduler, monkeypatch)) as scheduler:
+        yield scheduler
 
 
 def decode_worker(
@@ -551,6 +569,7 @@ def received_by_engine(
     )
     sampling_params.update_from_generation_config({}, 2)
     engine = SimpleNamespace(
+        vllm_config=scheduler.vllm_config,
         mm_receiver_cache=None,
         request_block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
         structured_output_manager=None,
@@ -1245,3 +1264,100 @@ def test_decode_side_asks_a_listener_over_one_kept_connection() -> None:
     assert peers[0] == peers[1], (
         "each question to the prefill side's listener opened a connection of its own"
     )
+
+
+# The question's name on the wire (READS_HELD_MSG), as any peer sends it.
+READS_HELD_MSG = b"reads_held_msg"
+
+
+def listener_answer(params: dict[str, Any], message: bytes) -> Any:
+    """Send `message` to the handshake listener the prefill side's
+    parameters name, as a decode side asks it (a REQ socket), and return
+    its decoded answer; None if none came within 5 s (the decode side's
+    own bound, utils.READS_HELD_TIMEOUT_MS)."""
+    context = zmq.Context()
+    sock = context.socket(zmq.REQ)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.connect(f"tcp://{params['remote_host']}:{params['remote_port']}")
+    try:
+        sock.send(message)
+        return msgspec.msgpack.decode(sock.recv())
+    except zmq.Again:
+        return None
+    finally:
+        sock.close(linger=0)
+        context.term()
+
+
+def question(params: dict[str, Any]) -> bytes:
+    """A well-formed question about the blocks the prefill side's
+    parameters name, before a read, from no named asker."""
+    blocks = [list(group) for group in params["remote_block_ids"]]
+    return msgspec.msgpack.encode(
+        (READS_HELD_MSG, [(params["remote_request_id"], blocks)], 0)
+    )
+
+
+def test_prefill_listener_answers_on_after_a_question_it_cannot_read(
+    prefill: Scheduler,
+) -> None:
+    """A question the prefill side's listener cannot read (from a peer of
+    another revision, or any client that reaches the port) is answered
+    with nothing held, and the listener answers the next question: its
+    thread raised on it and died, after which no question was answered
+    and no handshake taken until the server restarted, so every decode
+    request waited out its question and computed its prompt."""
+    request, params = prefill_side_finished(prefill, NUM_TOKENS)
+
+    unreadable = listener_answer(params, msgspec.msgpack.encode((READS_HELD_MSG, 7, 0)))
+    answer = listener_answer(params, question(params))
+
+    assert unreadable == {}, (
+        "the prefill side's listener did not answer a question it could not read"
+    )
+    assert answer is not None and params["remote_request_id"] in answer, (
+        f"after a question it could not read, the prefill side's listener "
+        f"answered {answer!r} about request {request.request_id!r}, whose "
+        "blocks it holds (None: it answers no more)"
+    )
+
+
+class _EndedMeanwhile(dict):  # type: ignore[type-arg]
+    """The prefill side's stepping windows (`_reads_to_serve`), as its
+    listener's thread sees them while the scheduler's thread ends them: each
+    window the listener lists is ended (popped, as update_connector_output
+    pops one when the promised reader's notifications release the blocks)
+    before the listener goes on."""
+
+    def items(self) -> Any:
+        listed = list(super().items())
+        for req_id, _ in listed:
+            self.pop(req_id, None)
+        return listed
+
+
+def test_prefill_listener_survives_the_scheduler_ending_a_read_window(
+    make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The listener ends the stepping windows that ran out as it answers a
+    question; the scheduler's thread ends one as the promised reader's
+    notifications release the blocks. When the scheduler ended a window
+    the listener was about to end, the listener raised KeyError and died
+    (no answer, no handshake after it): it must answer that question, and
+    the next, with the blocks it holds."""
+    set_scheduler_constant(monkeypatch, "CONFIRMED_READ_WINDOW_S", 0.0)
+    scheduler = prefill_scheduler(make_scheduler, monkeypatch)
+    prefill_side: Any = scheduler.connector
+    prefill_side.connector_scheduler._reads_to_serve = _EndedMeanwhile()
+    with listening(scheduler) as prefill:
+        request, params = prefill_side_finished(prefill, NUM_TOKENS)
+
+        answers = [listener_answer(params, question(params)) for _ in range(2)]
+
+        for answer in answers:
+            assert answer is not None and params["remote_request_id"] in answer, (
+                f"the prefill side's listener answered {answers!r} about "
+                f"request {request.request_id!r}, whose blocks it holds, while "
+                "the scheduler ended the read windows it was ending (None: no "
+                "answer)"
+            )

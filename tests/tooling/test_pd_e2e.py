@@ -544,6 +544,27 @@ def test_the_release_facts_name_known_cases_and_an_unknown_one_is_refused() -> N
         cases_named(["hybrid-nixl", "nope"], "facts")
 
 
+@pytest.mark.parametrize(
+    ("outcome", "as_required"),
+    [
+        ("HTTP 400: kv_transfer_params['remote_port'] must be a port number", True),
+        ("HTTP 400: kv_transfer_params['remote_host'] must be a string", False),
+        ("HTTP 500: EngineCore encountered an issue", False),
+        (receive.CLEAN, False),
+        ("no answer within 60s", False),
+    ],
+)
+def test_a_malformed_row_must_be_refused_naming_its_field(
+    outcome: str, as_required: bool
+) -> None:
+    """A malformed reference's row passes only on HTTP 400 naming its field:
+    an answer (even the clean one), another status or another field fails
+    it. A well-formed row still needs the clean answer."""
+    row = receive.Row("malformed: a negative remote_port", outcome, "remote_port")
+    assert row.as_required is as_required
+    assert receive.Row("a row", outcome).as_required is (outcome == receive.CLEAN)
+
+
 def test_upstream_receive_rows_run_only_when_asked(monkeypatch) -> None:
     """The suite runs the receive-path rows on the patched build's two
     layouts and judges them; upstream's pair, printed and never judged, runs

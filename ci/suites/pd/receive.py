@@ -29,10 +29,18 @@ lease is short (`LEASE_S` on both servers, heartbeats every second) so that
 the rows after it take seconds. The decode server runs one sequence at a
 time, so that a request can wait in its queue behind a long one.
 
+The last rows send a reference with one field missing, of the wrong type
+or negative, as any client of the decode server's OpenAI endpoint can:
+upstream's engine reads them inside its scheduler's step and dies with
+every request on it (EngineDeadError). Patched
+(`nixl-refuse-malformed-kv-transfer-params`), the decode server refuses
+each with HTTP 400 naming the field, then answers the same reference, well
+formed, with its clean answer.
+
 On the patched build every row must answer the clean answer within its
-bound; then the decode server serves an ordinary request, both
-KV caches empty at idle, and the prefill server logs no read of freed
-blocks.
+bound (a malformed row: HTTP 400 naming its field); then the decode server
+serves an ordinary request, both KV caches empty at idle, and the prefill
+server logs no read of freed blocks.
 """
 
 import json
@@ -96,16 +104,32 @@ ROW_PROMPTS = make_prompts(count=9, prefix=0, seed=37)
 CLEAN = "clean answer"
 
 
+# Malformed references, each as a router or any client could send it: its
+# name, the field a refusal must name, and the change to a real reference.
+MALFORMED: tuple[tuple[str, str, dict[str, object]], ...] = (
+    ("without remote_request_id", "remote_request_id", {"remote_request_id": None}),
+    ("remote_block_ids as text", "remote_block_ids", {"remote_block_ids": "0,1,2"}),
+    ("a negative block id", "remote_block_ids", {"remote_block_ids": [[-1]]}),
+    ("a negative remote_port", "remote_port", {"remote_port": -1}),
+)
+
+
 @dataclass(frozen=True)
 class Row:
-    """What one crafted request got."""
+    """What one crafted request got, and the field its refusal must name
+    (None: the row must answer the clean answer)."""
 
     name: str
     outcome: str
+    refused_field: str | None = None
 
     @property
-    def clean(self) -> bool:
-        return self.outcome == CLEAN
+    def as_required(self) -> bool:
+        if self.refused_field is None:
+            return self.outcome == CLEAN
+        return (
+            self.outcome.startswith("HTTP 400:") and self.refused_field in self.outcome
+        )
 
 
 class Rows:
@@ -134,8 +158,8 @@ class Rows:
             self.timeout,
         )
 
-    def add(self, name: str, outcome: str) -> None:
-        self.rows.append(Row(name, outcome))
+    def add(self, name: str, outcome: str, refused_field: str | None = None) -> None:
+        self.rows.append(Row(name, outcome, refused_field))
 
     def churn(self) -> None:
         """Ordinary requests to the prefill server, which free their blocks
@@ -216,6 +240,16 @@ def attack(rows: Rows, pool: ThreadPoolExecutor) -> None:
     )
     long.result()
 
+    params = rows.params(0)
+    for name, field, change in MALFORMED:
+        malformed = {
+            key: value
+            for key, value in {**params, **change}.items()
+            if value is not None
+        }
+        rows.add(f"malformed: {name}", rows.decode(0, malformed), refused_field=field)
+    rows.add("the same reference, well formed, after them", rows.decode(0, params))
+
 
 def busy_decode_server(rows: Rows) -> None:
     """A long ordinary request on the decode server, which runs one
@@ -250,7 +284,8 @@ def run_receive_faults(
         printed += [f"  {label}: {row.name}: {row.outcome}" for row in rows]
         if build == PATCHED:
             checks += [
-                Check(f"{label}: {row.name}", row.clean, row.outcome) for row in rows
+                Check(f"{label}: {row.name}", row.as_required, row.outcome)
+                for row in rows
             ]
             checks += after
     return checks, printed
