@@ -38,12 +38,12 @@ OPTION_HINTS = {
     ("status", "--ref"): SOURCE_REF_HINT,
     ("rebase", "--ref"): SOURCE_REF_HINT,
 }
-# What `status` exits with, in its --help and docs/maintainer/releases.md.
+# What `status` exits with, in its --help.
 STATUS_EXIT = (
     "exit status: 0 when no patch conflicts (a patch that applies only with "
     "offset, merges (3-way), is already present or is dropped by rebase needs "
     "no hand merge: `rebase` settles it); 1 when any patch conflicts, on an "
-    "error, or when --record kept a release's earlier verdicts"
+    "error, when --record kept earlier verdicts, or (--releases) on a new release"
 )
 # What may come before the peer's `vllm serve` arguments in `--peer`, so
 # that a launch command can be pasted as it is.
@@ -304,6 +304,9 @@ def _status(commands: Commands) -> argparse.ArgumentParser:
         action="store_true",
         help=f"keep each pinned release's verdicts for the {TABLE_FILE} column "
         "'Last status' and regenerate it",
+    )
+    status.add_argument(
+        "--releases", dest="watch", action="store_true", help="the release watch"
     )
     return status
 

@@ -2,6 +2,8 @@
 `vllm_overlay.arguments` parsed."""
 
 import argparse
+import datetime
+import json
 import sys
 from collections.abc import Callable
 
@@ -45,6 +47,7 @@ from vllm_overlay.track.status import (
 )
 from vllm_overlay.track.table import TABLE_FILE, render_table
 from vllm_overlay.track.verdicts import VERDICTS_FILE
+from vllm_overlay.track.watch import WATCH_FILE, new_releases
 from vllm_overlay.wheel.builder import build_release
 from vllm_overlay.wheel.index import SIMPLE_DIR, SUMS_FILE, write_index
 
@@ -136,6 +139,8 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    if args.watch:
+        return _watch(args)
     if args.source is not None:
         given = {
             "RELEASE": args.releases,
@@ -155,17 +160,26 @@ def _status(args: argparse.Namespace) -> int:
     formatted = format_json if args.json else format_table
     print(formatted(rows, probe=args.probe), end="")
     if args.record:
-        recorded, kept = record_status(rows)
+        recorded = record_status(rows)
+        releases = ", ".join(recorded.releases) or "no release"
         print(
-            f"recorded the verdicts for {', '.join(recorded) or 'no release'} "
+            f"recorded the verdicts for {releases} "
             f"in {VERDICTS_FILE.name} and {TABLE_FILE}",
             file=sys.stderr,
         )
-        if kept:
+        if recorded.no_environment:
             raise OverlayError(
-                f"kept the recorded verdicts of vLLM {', '.join(kept)}: its "
-                "probes could not run here (no test environment; run "
-                f"tools/test.sh {' '.join(kept)} first)"
+                f"kept the recorded verdicts of vLLM "
+                f"{', '.join(recorded.no_environment)}: its probes could not run "
+                "here (no test environment; run tools/test.sh "
+                f"{' '.join(recorded.no_environment)} first)"
+            )
+        if recorded.inconclusive:
+            raise OverlayError(
+                "kept the recorded verdicts of "
+                f"{'; '.join(recorded.inconclusive)}: their probes failed "
+                "outside their assertions or did not run, which proves nothing "
+                "about the patch"
             )
     # A conflict is the one verdict a rebase cannot settle alone, so it fails
     # the command (`arguments.STATUS_EXIT`): a script sees it without parsing.
@@ -177,6 +191,40 @@ def _status(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    """`status --releases`: the release watch (`track.watch`)."""
+    given = {
+        "RELEASE": args.releases,
+        "--source": args.source,
+        "--probe": args.probe,
+        "--record": args.record,
+    }
+    refused = [flag for flag, value in given.items() if value]
+    if refused:
+        raise OverlayError(
+            f"--releases takes no {refused[0]}: it compares the index with every pin"
+        )
+    found = new_releases(patches_root())
+    today = datetime.date.today()
+    if args.json:
+        print(json.dumps([release.row(today) for release in found], indent=2))
+    else:
+        for release in found:
+            print(release.line(today))
+    pending = [release for release in found if release.skipped is None]
+    if pending:
+        print(
+            f"vllm-overlay status --releases: {len(pending)} newer release(s) "
+            "neither pinned nor skipped: pin each (docs/maintainer/releases.md), "
+            f"or record it under [skipped] in patches/{WATCH_FILE} with the reason",
+            file=sys.stderr,
+        )
+        return 1
+    if not found:
+        print("every watched package's newest final release is pinned", file=sys.stderr)
     return 0
 
 

@@ -145,9 +145,12 @@ def test_child_entry_with_load_weight_builds_a_child_config() -> None:
     """Every place that builds a child's KVTransferConfig from its entry
     (MultiConnector itself, its class methods, a model such as 0.33's Step5)
     passes the whole entry; upstream's config rejects the unknown key."""
-    child = KVTransferConfig(
-        kv_connector="ScriptedChild", kv_role="kv_both", load_weight=2.0
-    )
+    try:
+        child = KVTransferConfig(
+            kv_connector="ScriptedChild", kv_role="kv_both", load_weight=2.0
+        )
+    except ValueError as refused:  # pydantic's ValidationError is one
+        pytest.fail(f"a child entry with load_weight builds no config: {refused}")
     assert child.load_weight == 2.0
 
 

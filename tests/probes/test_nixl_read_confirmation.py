@@ -44,6 +44,7 @@ import importlib
 import inspect
 import queue
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -925,6 +926,22 @@ def test_declined_reads_takes_only_its_two_values(
         make_scheduler(decode_config("NixlConnector", declined_reads="fail"))
 
 
+class StoppedClock:
+    """`time` as one NIXL module sees it in a probe, its monotonic clock
+    standing at `now` until the probe moves it; everything else is the real
+    module's. A probe of a deadline sets it there instead of waiting on the
+    wall clock, which two busy cores can stretch past any window."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
 def lease_runs_out_after_the_answer(
     prefill: Scheduler, request_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> Callable[[], None]:
@@ -986,17 +1003,19 @@ def test_prefill_side_steps_on_only_for_its_window(
     prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The engine steps on for `CONFIRMED_READ_WINDOW_S` after the last
-    "held" answer, then stops: an idle prefill server does not spin."""
-    monkeypatch.setattr(
-        nixl_scheduler_module("base_scheduler"), "CONFIRMED_READ_WINDOW_S", 0.5
-    )
+    "held" answer, then stops: an idle prefill server does not spin. The
+    prefill scheduler's monotonic clock stands still until the probe moves it
+    past the window (`StoppedClock`): no wall-clock window."""
+    scheduler_side = nixl_scheduler_module("base_scheduler")
+    clock = StoppedClock(time.monotonic())
+    monkeypatch.setattr(scheduler_side, "time", clock)
     request, params = prefill_side_finished(prefill, NUM_TOKENS)
     run_out = lease_runs_out_after_the_answer(prefill, request.request_id, monkeypatch)
     scheduled(make_scheduler(nixl_config()), params)
     run_out()
     assert prefill.has_requests()
 
-    time.sleep(0.6)
+    clock.now += getattr(scheduler_side, "CONFIRMED_READ_WINDOW_S", 0.0) + 0.001
 
     assert not prefill.has_requests()
 
@@ -1054,6 +1073,20 @@ def test_prefill_side_steps_on_for_a_promised_read_whatever_others_ask(
     )
 
 
+def worker_clock_at(
+    monkeypatch: pytest.MonkeyPatch, params: dict[str, Any], offset: float
+) -> None:
+    """Stop the decode worker's monotonic clock `offset` seconds from the end
+    of the promise the prefill side made with `params`' "held" answer (its
+    `remote_reads_held_until`, on this host's clock), or from now on a build
+    without the promise: the worker then finds every read complete at that
+    time, however long the probe's steps took."""
+    held_until = params.get("remote_reads_held_until")
+    end = held_until[1] if held_until else time.monotonic()
+    module = sys.modules[NixlConnectorWorker.__module__]
+    monkeypatch.setattr(module, "time", StoppedClock(end + offset))
+
+
 def test_decode_side_skips_asking_again_only_within_the_prefill_sides_promise(
     prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1064,14 +1097,15 @@ def test_decode_side_skips_asking_again_only_within_the_prefill_sides_promise(
     the worker's first step, without a second round trip. A read that
     completed after it is used only once the prefill side confirmed it still
     held the blocks: here it had released them (its lease ran out), and the
-    read is not used. (The promise is made short here; set even where a
-    build lacks HELD_FOR_READER_S, to fail there for the behaviour named.)"""
-    set_scheduler_constant(monkeypatch, "HELD_FOR_READER_S", 0.6)
+    read is not used. The worker's clock is stopped a millisecond before and
+    after the promise's end (`worker_clock_at`): no wall-clock window."""
     decode = make_scheduler(nixl_config())
     request, params = prefill_side_finished(prefill, NUM_TOKENS)
     (within,) = decode_requests(decode, params)
+    within_params = within.kv_transfer_params or {}
     worker = decode_worker(params["remote_engine_id"], _DoneReads(), decode)
-    read_completed(worker, within.kv_transfer_params or {}, within.request_id)
+    read_completed(worker, within_params, within.request_id)
+    worker_clock_at(monkeypatch, within_params, -0.001)
 
     assert transfer_results(worker) == ({within.request_id}, set()), (
         "the decode worker did not use at once a read that completed within "
@@ -1082,8 +1116,8 @@ def test_decode_side_skips_asking_again_only_within_the_prefill_sides_promise(
     late, params = prefill_side_finished(prefill, NUM_TOKENS)
     decode = make_scheduler(nixl_config())
     (after,) = decode_requests(decode, params)
-    time.sleep(0.6)
     released(prefill, late.request_id)  # the lease ran out
+    worker_clock_at(monkeypatch, after.kv_transfer_params or {}, 0.001)
 
     received, failed = read_reported(decode, after)
     assert received, "the decode worker never reported the request"

@@ -386,6 +386,47 @@ def test_probe_fails_on_the_unpatched_release(project, tmp_path, capsys):
     assert "running 1 probes for vLLM 9.9.0" in err
 
 
+# A probe whose helper fails on the unpatched release before its assertion
+# (as one choosing a signature by counting parameters did).
+HELPER_FAILS_FIRST = """
+import importlib.util
+from pathlib import Path
+
+def test_demo():
+    spec = importlib.util.find_spec("vllm.v1.core.sched.scheduler")
+    if "line twenty, patched" not in Path(spec.origin).read_text():
+        raise TypeError("add() takes from 4 to 5 positional arguments but 6 were given")
+    assert True
+"""
+
+
+def test_a_probe_failing_outside_its_assertion_proves_nothing(
+    project, tmp_path, capsys
+):
+    """A probe that fails on the unpatched release with an error outside its
+    assertion makes the verdict inconclusive, never "still needed", and
+    `--record` keeps the verdict recorded before, saying why, and fails."""
+    assert run_cli(capsys, "status", "--record")[0] == 0
+    verdicts_file = project.patches / VERDICTS_FILE
+    before = verdicts_file.read_text()
+    fake_release_env(project, tmp_path)
+    (project.root / "tests" / "probes" / "test_demo.py").write_text(HELPER_FAILS_FIRST)
+
+    code, out, err = run_cli(capsys, "status", "--probe", "--record")
+
+    assert code == 1
+    inconclusive = (
+        "inconclusive: test_demo.py::test_demo failed outside its assertion (TypeError)"
+    )
+    assert out.splitlines()[1].endswith(f"applies exactly  {inconclusive}")
+    assert err.endswith(
+        "vllm-overlay: error: kept the recorded verdicts of scheduler-demo.patch "
+        f"on 9.9.0: {inconclusive}: their probes failed outside their assertions "
+        "or did not run, which proves nothing about the patch\n"
+    )
+    assert verdicts_file.read_text() == before
+
+
 def test_environment_of_another_release_is_no_environment(project, tmp_path, capsys):
     fake_release_env(project, tmp_path, release="9.8.0")
     (row,) = verdicts(capsys, "--probe")
@@ -439,6 +480,10 @@ PROBES = ("tests/probes/test_a.py::test_a", "tests/probes/test_b.py::test_b")
         (("passed", "passed"), "upstream-equivalent"),
         (("failed", "passed"), "mixed: passes: test_b.py::test_b"),
         (("failed", "error"), "inconclusive: test_b.py::test_b error"),
+        (
+            ("failed", "failed outside its assertion (TypeError)"),
+            "inconclusive: test_b.py::test_b failed outside its assertion (TypeError)",
+        ),
     ],
 )
 def test_probe_verdict(outcomes, verdict):

@@ -10,6 +10,8 @@ place of the patched ones. Everything else is the same installed release.
 Use: `pytest -p vllm_overlay.testing.pristine TESTS...`. `vllm-overlay status
 --probe` reads the raw verdicts (a probe that passes here no longer needs its
 patch); `vllm_overlay.testing.unpatched` builds on this plugin and inverts them.
+A test whose call fails outside its assertion is marked so in the JUnit report
+(`outcomes.FAILED_OUTSIDE_ASSERTION`): such a failure proves nothing.
 """
 
 import tempfile
@@ -22,6 +24,7 @@ from vllm_overlay import cache_layout
 from vllm_overlay.locations import cache_root
 from vllm_overlay.runtime import source_overlay
 from vllm_overlay.series.manifest import read_installed_manifest
+from vllm_overlay.testing.outcomes import FAILED_OUTSIDE_ASSERTION
 from vllm_overlay.upstream.fetch import sha256_of, wheel_members
 
 RELEASE = pytest.StashKey[str]()
@@ -75,6 +78,37 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     early_config.stash[RELEASE] = manifest["release"]
     touched = installed_touched_files(manifest)
     source_overlay.install(pristine_sources(manifest, touched, Path(scratch.name)))
+
+
+def failed_outside_assertion(call: pytest.CallInfo[None]) -> str | None:
+    """The type of the exception `call` raised, unless it failed its
+    assertion (an `assert` or `pytest.fail`, "DID NOT RAISE" included) or
+    did not fail: only a failed assertion is the behaviour a probe names
+    (`vllm_overlay.testing.outcomes`)."""
+    return None if call.excinfo is None else _outside(call.excinfo.value)
+
+
+def _outside(exception: BaseException) -> str | None:
+    """`exception`'s type unless it is a failed assertion; for a group (a
+    property test's distinct failures), the first member's that is not."""
+    if isinstance(exception, BaseExceptionGroup):
+        kinds = (_outside(member) for member in exception.exceptions)
+        return next((kind for kind in kinds if kind is not None), None)
+    if isinstance(exception, (AssertionError, pytest.fail.Exception)):
+        return None
+    return type(exception).__name__
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """Mark a test whose call failed outside its assertion; JUnit writes the
+    mark as a property of the test case (with its teardown report)."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.when == "call" and report.failed:
+        kind = failed_outside_assertion(call)
+        if kind is not None:
+            item.user_properties.append((FAILED_OUTSIDE_ASSERTION, kind))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

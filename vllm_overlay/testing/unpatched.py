@@ -3,17 +3,20 @@ patched vLLM, and expect them to fail.
 
 A probe proves its patch only if it fails without it. The pristine sources are
 served by `vllm_overlay.testing.pristine`, which this plugin loads; on top of
-it each probe's verdict is inverted: a call-phase failure passes ("still
+it each probe's verdict is inverted: a failed assertion passes ("still
 needed"), a pass fails ("passes without the patch: upstream absorbed it, or
-the probe is weak"). Setup and collection errors stay errors: they prove
-nothing.
+the probe is weak"). A call that fails outside its assertion fails too
+("inconclusive": its import, the platform, a dependency or its own helper
+failed before the behaviour it names could show), and setup and collection
+errors stay errors: they prove nothing.
 
 Use: `pytest -p vllm_overlay.testing.unpatched PROBE_IDS...`.
 """
 
 import pytest
 
-from vllm_overlay.testing.pristine import RELEASE
+from vllm_overlay.testing.outcomes import outside_assertion
+from vllm_overlay.testing.pristine import RELEASE, failed_outside_assertion
 
 pytest_plugins = ["vllm_overlay.testing.pristine"]
 
@@ -29,7 +32,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     if report.when != "call" or hasattr(report, "wasxfail"):
         return
     release = item.config.stash[RELEASE]
-    if report.failed:
+    kind = failed_outside_assertion(call) if report.failed else None
+    if kind is not None:
+        report.longrepr = (
+            f"{item.nodeid} {outside_assertion(kind)} on unpatched vLLM "
+            f"{release}: inconclusive, it proves nothing about its patch "
+            "(an import, the platform, a dependency or the probe's own helper "
+            f"failed first)\n\n{report.longrepr}"
+        )
+    elif report.failed:
         report.outcome = "passed"
         report.sections.append(
             ("vllm-overlay", f"fails on unpatched vLLM {release}: still needed")

@@ -69,6 +69,7 @@ from vllm_overlay.track.history import (
 )
 from vllm_overlay.track.names import new_unbound_names
 from vllm_overlay.track.verdicts import read_verdicts
+from vllm_overlay.track.watch import WATCH_FILE, pinned_versions, skipped_releases
 from vllm_overlay.upstream.applier import apply_series, syntax_problem
 from vllm_overlay.upstream.fetch import cached_sdist_tree
 
@@ -430,6 +431,22 @@ def release_facts(checkout: Checkout) -> list[str]:
     return problems
 
 
+def release_watch(checkout: Checkout) -> list[str]:
+    """The release watch's file (`track.watch`): the packages it follows
+    pinned by the requirement files it names, and each skipped release
+    written as "PACKAGE VERSION" with its reason."""
+    path = checkout.patches_root / WATCH_FILE
+    if not path.is_file():
+        _skipped("the release watch's file", f"{path} does not exist")
+        return []
+    try:
+        pinned_versions(checkout.patches_root)
+        skipped_releases(checkout.patches_root)
+    except OverlayError as exc:
+        return [str(exc)]
+    return []
+
+
 # Every check of `vllm-overlay lint`, in the order its problems are listed.
 RULES: tuple[Rule, ...] = (
     series_files,
@@ -440,4 +457,5 @@ RULES: tuple[Rule, ...] = (
     revision_problems,
     application_problems,
     release_facts,
+    release_watch,
 )

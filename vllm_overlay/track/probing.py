@@ -25,10 +25,12 @@ from pathlib import Path
 from vllm_overlay import cache_layout
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.model import Series
+from vllm_overlay.testing.outcomes import FAILED_OUTSIDE_ASSERTION, outside_assertion
 from vllm_overlay.upstream.fetch import last_error_line
 
 STILL_NEEDED = "still needed"
 EQUIVALENT = "upstream-equivalent"
+INCONCLUSIVE = "inconclusive"
 PASSED, FAILED = "passed", "failed"
 PRISTINE_PLUGIN = "vllm_overlay.testing.pristine"
 WORKTREE_PLUGIN = "vllm_overlay.testing.worktree"
@@ -136,21 +138,31 @@ def _belongs(case: tuple[str, str], probe: tuple[str, str]) -> bool:
 
 
 def _case_outcome(case: ET.Element) -> tuple[tuple[str, str], str]:
-    """A test case's address and outcome; a setup error or a skip proves
+    """A test case's address and outcome; a setup error, a skip or a failure
+    outside the test's assertion (`vllm_overlay.testing.outcomes`) proves
     nothing either way, so it is neither "passed" nor "failed"."""
     address = (case.get("classname", ""), case.get("name", ""))
     for tag in ("error", "skipped"):
         if case.find(tag) is not None:
             return address, tag
-    return address, FAILED if case.find("failure") is not None else PASSED
+    if case.find("failure") is None:
+        return address, PASSED
+    for prop in case.iter("property"):
+        if prop.get("name") == FAILED_OUTSIDE_ASSERTION:
+            return address, outside_assertion(prop.get("value", "an exception"))
+    return address, FAILED
 
 
 def _combined(found: set[str]) -> str:
     """The outcome of a probe whose cases did not all end alike (or that has
-    no case in the report: its id names no test, or collection failed)."""
+    no case in the report: its id names no test, or collection failed); a
+    case without a verdict makes the probe's the same."""
     if not found:
         return "not run"
-    return "error" if "error" in found else "mixed cases"
+    if "error" in found:
+        return "error"
+    odd = sorted(found - {PASSED, FAILED})
+    return odd[0] if odd else "mixed cases"
 
 
 def probe_verdict(probes: Iterable[str], outcomes: dict[str, str]) -> str:
@@ -165,7 +177,7 @@ def probe_verdict(probes: Iterable[str], outcomes: dict[str, str]) -> str:
         return EQUIVALENT
     odd = [f"{_short(p)} {r}" for p, r in results.items() if r not in (PASSED, FAILED)]
     if odd:
-        return "inconclusive: " + ", ".join(odd)
+        return f"{INCONCLUSIVE}: " + ", ".join(odd)
     passed = [_short(p) for p, r in results.items() if r == PASSED]
     return "mixed: passes: " + ", ".join(passed)
 

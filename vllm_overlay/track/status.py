@@ -31,7 +31,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from packaging.version import Version
@@ -55,7 +55,7 @@ from vllm_overlay.series.model import (
 from vllm_overlay.series.pins import Dist, ReleasePin, find_pin, normalise_version
 from vllm_overlay.track.git_source import GitSource
 from vllm_overlay.track.judging import PatchStatus, check_release
-from vllm_overlay.track.probing import no_environment, probe_verdicts
+from vllm_overlay.track.probing import INCONCLUSIVE, no_environment, probe_verdicts
 from vllm_overlay.track.scratch_tree import pristine_files
 from vllm_overlay.track.table import TABLE_FILE, render_table
 from vllm_overlay.track.verdicts import record_verdicts
@@ -256,16 +256,27 @@ def _pip_download_wheel(version: str, directory: Path) -> Path:
     return wheels[0]
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What `record_status` recorded: the releases whose verdicts it wrote,
+    those it left as recorded (no test environment here), and the patches it
+    left as recorded because their probes proved nothing, each with why."""
+
+    releases: list[str]
+    no_environment: list[str]
+    inconclusive: list[str]
+
+
 def record_status(
     rows: list[PatchStatus], root: Path | None = None, checked: str | None = None
-) -> tuple[list[str], list[str]]:
+) -> Recorded:
     """Record the verdicts about each pinned release's own series (the
-    release's patches against that release) and regenerate `PATCHES.md`;
-    returns the releases recorded and those left as they were recorded
-    before. Rows about another release's series say nothing about any patch
-    file's own release, so they are not kept; nor are a release's rows whose
-    probes could not run (no test environment here): they know less than
-    what was recorded."""
+    release's patches against that release) and regenerate `PATCHES.md`.
+    Rows about another release's series say nothing about any patch file's
+    own release, so they are not kept; nor are a release's rows whose probes
+    could not run (no test environment here), nor a patch's whose probes
+    proved nothing (`probing.INCONCLUSIVE`): they know less than what was
+    recorded, which stays."""
     root = root or patches_root()
     pins = pinned_releases(root)
     unknown = {
@@ -280,6 +291,7 @@ def record_status(
         for row in rows
         if row.pinned and row.series == row.release and row.release not in unknown
     ]
+    inconclusive = [row for row in own if (row.probe or "").startswith(INCONCLUSIVE)]
     patches = {}
     for release in {row.release for row in own}:
         for patch in load_series(root, pins[release]).patches:
@@ -289,13 +301,16 @@ def record_status(
         [
             (row.release, patches[row.release, row.patch], row.verdict_text, row.probe)
             for row in own
+            if row not in inconclusive
         ],
         checked or datetime.date.today().isoformat(),
+        unchanged={(row.release, row.patch) for row in inconclusive},
     )
     atomic.write_text(root.parent / TABLE_FILE, render_table(root))
-    return (
+    return Recorded(
         sorted({row.release for row in own}, key=Version),
         sorted(unknown, key=Version),
+        [f"{row.patch} on {row.release}: {row.probe}" for row in inconclusive],
     )
 
 

@@ -8,7 +8,7 @@ patch edited since shows as "stale" instead of borrowing an old verdict.
 """
 
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,13 +72,19 @@ def record_verdicts(
     root: Path,
     rows: Iterable[tuple[str, Patch, str, str | None]],
     checked: str,
+    unchanged: Collection[tuple[str, str]] = (),
 ) -> None:
     """Replace the recorded verdicts of every release in `rows` ((release,
-    patch, verdict, probe verdict or None)); other releases keep theirs."""
+    patch, verdict, probe verdict or None)); other releases keep theirs, and
+    so do the (release, patch name) pairs in `unchanged`."""
     rows = list(rows)
     recorded = read_verdicts(root)
     releases = {release for release, *_ in rows}
-    recorded = {key: v for key, v in recorded.items() if key[0] not in releases}
+    recorded = {
+        key: v
+        for key, v in recorded.items()
+        if key[0] not in releases or key in unchanged
+    }
     for release, patch, verdict, probe in rows:
         recorded[release, patch.name] = RecordedVerdict(
             verdict, probe, patch.sha256, checked
