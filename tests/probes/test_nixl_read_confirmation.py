@@ -751,16 +751,19 @@ def test_decode_side_counts_a_request_it_waited_on_once(
     every attempt to schedule a request (v1/core/kv_cache_manager.py:226-231),
     so an attempt deferred for the answer would count the prompt twice and
     halve the hit rate users see. The answer is held back here until the
-    first attempt was deferred."""
-    module = nixl_scheduler_module("pull_scheduler")
+    first attempt was deferred (in `utils`, where the asking threads look
+    the question up)."""
+    utils = importlib.import_module(
+        "vllm.distributed.kv_transfer.kv_connector.v1.nixl.utils"
+    )
     answer_may_go = threading.Event()
-    ask = module.reads_still_held
+    ask = utils.reads_still_held
 
     def held_back(*args: Any) -> Any:
         answer_may_go.wait(timeout=MAX_STEPS * STEP_S)
         return ask(*args)
 
-    monkeypatch.setattr(module, "reads_still_held", held_back)
+    monkeypatch.setattr(utils, "reads_still_held", held_back)
     _, params = prefill_side_finished(prefill, NUM_TOKENS)
     decode = make_scheduler(nixl_config())
     request = generation_request(DECODE_REQUEST, prompt(NUM_TOKENS))
@@ -1395,3 +1398,98 @@ def test_prefill_listener_survives_the_scheduler_ending_a_read_window(
                 "the scheduler ended the read windows it was ending (None: no "
                 "answer)"
             )
+
+
+# Questions sent to the silent listener: twice the asking threads one pool
+# for every listener had (4), so that they held up every other question.
+SILENT_QUESTIONS = 8
+
+
+@contextlib.contextmanager
+def silent_listener() -> Iterator[int]:
+    """The port of a prefill listener that takes questions and never
+    answers, as a hung or partitioned prefill server's does until each
+    question's 5 s run out."""
+    port = free_port()
+    context = zmq.Context()
+    sock = context.socket(zmq.ROUTER)
+    sock.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        yield port
+    finally:
+        sock.close(linger=0)
+        context.term()
+
+
+def test_a_silent_prefill_listener_holds_up_no_other_read(
+    prefill: Scheduler, make_scheduler: MakeScheduler
+) -> None:
+    """A decode instance asks each prefill instance about its blocks before
+    it reads them. Questions to a prefill listener that never answers wait
+    out their 5 s; with one pool of asking threads for every listener, a few
+    of them held up the questions to every live prefill instance, and a
+    decode server with one dead prefill server among several queued all its
+    requests behind them. A request to a live prefill instance is scheduled
+    for its read while those to the silent one still wait."""
+    _, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(nixl_config())
+    with silent_listener() as port:
+        silent = []
+        for number in range(SILENT_QUESTIONS):
+            request = generation_request(f"silent-{number}", prompt(NUM_TOKENS))
+            request.kv_transfer_params = {
+                **params,
+                "remote_port": port,
+                "remote_request_id": f"gone-{number}",
+            }
+            decode.add_request(request)
+            silent.append(request)
+        live = generation_request("live", prompt(NUM_TOKENS))
+        live.kv_transfer_params = dict(params)
+        decode.add_request(live)
+        for _ in range(MAX_STEPS):
+            decode.schedule()
+            waited_out = [r for r in silent if r.status != RequestStatus.WAITING]
+            if live.status != RequestStatus.WAITING or waited_out:
+                break
+            time.sleep(STEP_S)
+
+    assert live.status == RequestStatus.WAITING_FOR_REMOTE_KVS and not waited_out, (
+        f"the read of a request to a live prefill instance ({live.status.name}) "
+        f"waited behind questions to a silent one ({len(waited_out)} of "
+        f"{SILENT_QUESTIONS} waited out their 5 s first)"
+    )
+
+
+def test_a_silent_prefill_listener_holds_up_no_other_confirmation(
+    prefill: Scheduler,
+) -> None:
+    """Once a read completed, the decode worker asks the prefill instance
+    whether it still held the blocks (outside its promise). Its questions to
+    a listener that never answers held up, with one pool for every listener,
+    the confirmation of reads from live prefill instances; the worker reports
+    a live one's read, completed after them, while those from the silent one
+    still wait."""
+    _, params = prefill_side_finished(prefill, NUM_TOKENS)
+    worker = decode_worker(params["remote_engine_id"], _DoneReads())
+    with silent_listener() as port:
+        for number in range(SILENT_QUESTIONS):
+            silent = {
+                **params,
+                "remote_port": port,
+                "remote_request_id": f"gone-{number}",
+            }
+            read_completed(worker, silent, f"silent-{number}")
+        finished = transfer_results(worker)[0]  # asks about the silent reads
+        read_completed(worker, params, "live")
+        for _ in range(MAX_STEPS):
+            finished |= transfer_results(worker)[0]
+            if finished:
+                break
+            time.sleep(STEP_S)
+
+    assert finished == {"live"}, (
+        "the decode worker reported "
+        f"{sorted(finished) or 'nothing'} first: the confirmation of a read "
+        "from a live prefill instance waited behind questions to a silent one"
+    )
