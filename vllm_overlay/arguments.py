@@ -56,7 +56,9 @@ class Parser(argparse.ArgumentParser):
     """argparse's parser, refusing as every command refuses."""
 
     def error(self, message: str) -> NoReturn:
-        raise OverlayError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+        # The error printer names the tool; a command's parser names itself.
+        where = "" if self.prog == PROG else f"{self.prog}: "
+        raise OverlayError(f"{where}{message} (see `{self.prog} --help`)")
 
 
 class ShowVersion(argparse.Action):
@@ -203,8 +205,7 @@ def _build(commands: Commands) -> argparse.ArgumentParser:
     )
     build.add_argument(
         "--dist",
-        type=Dist,
-        choices=list(Dist),
+        choices=[dist.value for dist in Dist],
         default=Dist.VLLM,
         help="upstream distribution to patch (default: vllm)",
     )
@@ -399,8 +400,7 @@ def _pin(commands: Commands) -> argparse.ArgumentParser:
     pin.add_argument(
         "--dist",
         action="append",
-        type=Dist,
-        choices=list(Dist),
+        choices=[dist.value for dist in Dist],
         help="a distribution whose wheels to pin, repeatable (default: every "
         "known one that has wheels)",
     )

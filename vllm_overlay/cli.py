@@ -12,6 +12,7 @@ from vllm_overlay.arguments import parse
 from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import patches_root
 from vllm_overlay.series.loader import release_series
+from vllm_overlay.series.pins import Dist
 from vllm_overlay.track.conflicts import format_conflicts
 from vllm_overlay.track.edit_tree import open_series, refresh_command
 from vllm_overlay.track.extract import extract
@@ -53,8 +54,14 @@ from vllm_overlay.wheel.index import SIMPLE_DIR, SUMS_FILE, write_index
 
 
 def _build(args: argparse.Namespace) -> int:
-    wheel = build_release(release_series(args.release), args.dist, args.out)
-    print(wheel)
+    series = release_series(args.release)
+    if args.release is not None and args.release != series.release.version:
+        # `v0.32` and `0.32` name 0.32.0, as every command compares versions.
+        print(
+            f"vllm-overlay: {args.release} is vLLM {series.release.version}",
+            file=sys.stderr,
+        )
+    print(build_release(series, Dist(args.dist), args.out))
     return 0
 
 
@@ -95,7 +102,7 @@ def _pin(args: argparse.Namespace) -> int:
             f"(revision {change})"
         )
         return 0
-    pin = pin_release(args.release, args.dist or ())
+    pin = pin_release(args.release, [Dist(dist) for dist in args.dist or ()])
     dists = ", ".join(
         f"{dist} ({sum(w.dist == dist for w in pin.wheels)})"
         for dist in dict.fromkeys(w.dist for w in pin.wheels)

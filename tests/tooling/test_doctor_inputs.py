@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, record_hash
+from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, record_hash, run_cli
 
 from vllm_overlay.doctor import diagnose
 from vllm_overlay.doctor.build import evaluated_sources, installed_build
@@ -335,3 +335,29 @@ def test_the_check_after_which_the_cpu_platform_forces_sd(
     assert conv_state_forced_sd() == expected
     installed(tmp_path, monkeypatch, {})
     assert conv_state_forced_sd() is None
+
+
+@pytest.fixture
+def vllm_imports_undone():
+    """Forget the `vllm` modules a test imported from its synthetic install,
+    so that no later test finds them imported."""
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name == "vllm" or name.startswith("vllm."):
+            del sys.modules[name]
+
+
+def test_a_vllm_that_does_not_import_is_one_line(site, capsys, vllm_imports_undone):
+    """A patched wheel installed with `--no-deps` into an environment without
+    vLLM's dependencies: `import vllm...` fails (here the synthetic install
+    lacks vLLM's modules, as such an environment lacks torch). doctor says
+    so in one line instead of a traceback."""
+    code, out, err = run_cli(capsys, "doctor", "--", "some/model")
+    assert (code, out) == (1, "")
+    assert err.startswith(
+        f"vllm-overlay: error: the installed vLLM {RELEASE} does not import "
+        "(No module named 'vllm."
+    )
+    assert err.count("\n") == 1
+    assert "install it over the vLLM it patches, or with its requirements" in err

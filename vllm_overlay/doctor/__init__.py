@@ -13,6 +13,7 @@ from vllm_overlay.doctor.build import evaluated_sources, installed_build
 from vllm_overlay.doctor.facts import Facts
 from vllm_overlay.doctor.report import Report
 from vllm_overlay.doctor.rules import evaluate
+from vllm_overlay.errors import OverlayError
 
 
 def diagnose(
@@ -34,5 +35,14 @@ def diagnose(
         from vllm_overlay.doctor.gather import gather
 
         with evaluated_sources(build, with_series) as evaluated:
-            facts = gather(serve_args, evaluated, peer_args)
+            try:
+                facts = gather(serve_args, evaluated, peer_args)
+            except ImportError as exc:
+                # `vllm serve` would fail the same way before any flag counts.
+                raise OverlayError(
+                    f"the installed vLLM {build.version} does not import ({exc}): "
+                    "its dependencies are missing here (a wheel installed with "
+                    "--no-deps into an environment without them?); install it "
+                    "over the vLLM it patches, or with its requirements"
+                ) from None
     return Report(facts, tuple(evaluate(facts)))
