@@ -149,16 +149,7 @@ def _status(args: argparse.Namespace) -> int:
     if args.watch:
         return _watch(args)
     if args.source is not None:
-        given = {
-            "RELEASE": args.releases,
-            "--probe": args.probe,
-            "--record": args.record,
-        }
-        refused = [flag for flag, value in given.items() if value]
-        if refused:
-            raise OverlayError(
-                f"--source takes no {refused[0]}: it checks one git commit"
-            )
+        _refuse_beside(args, "--source", "it checks one git commit")
         rows = status_at(open_git_source(args.source))
     else:
         if args.record:
@@ -201,19 +192,23 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _watch(args: argparse.Namespace) -> int:
-    """`status --releases`: the release watch (`track.watch`)."""
+def _refuse_beside(args: argparse.Namespace, option: str, why: str) -> None:
+    """Refuse `status`'s other selections beside `option`, which takes none
+    of them (`why`), naming the first one given."""
     given = {
         "RELEASE": args.releases,
-        "--source": args.source,
+        "--source": args.source if option != "--source" else None,
         "--probe": args.probe,
         "--record": args.record,
     }
     refused = [flag for flag, value in given.items() if value]
     if refused:
-        raise OverlayError(
-            f"--releases takes no {refused[0]}: it compares the index with every pin"
-        )
+        raise OverlayError(f"{option} takes no {refused[0]}: {why}")
+
+
+def _watch(args: argparse.Namespace) -> int:
+    """`status --releases`: the release watch (`track.watch`)."""
+    _refuse_beside(args, "--releases", "it compares the index with every pin")
     found = new_releases(patches_root())
     today = datetime.date.today()
     if args.json:

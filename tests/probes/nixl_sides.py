@@ -11,14 +11,21 @@ block pairing build it.
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
 from typing import Any
 
-from hybrid_scheduler import generation_request, hybrid_kv_cache_config
+from hybrid_scheduler import BLOCK_SIZE, generation_request, hybrid_kv_cache_config
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import (
     NixlConnectorWorker,
 )
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine import EngineCoreRequest
+from vllm.v1.engine.core import EngineCore
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 from vllm.v1.request import Request, RequestStatus
 
@@ -137,3 +144,40 @@ def nixl_worker(physical_blocks_per_logical: int = 1) -> NixlConnectorWorker:
     worker._group_spec_types = (FullAttentionSpec, MambaSpec)
     worker._physical_blocks_per_logical_kv_block = physical_blocks_per_logical
     return worker
+
+
+def received_by_engine(
+    scheduler: Scheduler,
+    request_id: str,
+    params: dict[str, Any],
+    num_tokens: int = 64,
+) -> Request:
+    """A decode request of `num_tokens` carrying `params` as the engine
+    core's input thread makes it (`EngineCore.preprocess_add_request`, the
+    real method on an object holding only what it reads, `scheduler` the
+    engine's), not yet added to the scheduler: as a request waiting for the
+    engine's loop. Whatever the method raises, a refusal, is raised."""
+    sampling_params = SamplingParams(
+        max_tokens=4, extra_args={"kv_transfer_params": dict(params)}
+    )
+    sampling_params.update_from_generation_config({}, 2)
+    engine = SimpleNamespace(
+        vllm_config=scheduler.vllm_config,
+        mm_receiver_cache=None,
+        request_block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
+        structured_output_manager=None,
+        scheduler=scheduler,
+    )
+    received = EngineCoreRequest(
+        request_id=request_id,
+        prompt_token_ids=prompt(num_tokens),
+        mm_features=None,
+        sampling_params=sampling_params,
+        pooling_params=None,
+        arrival_time=time.time(),
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+    )
+    request, _ = EngineCore.preprocess_add_request(engine, received)
+    return request

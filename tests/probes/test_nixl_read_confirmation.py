@@ -56,8 +56,13 @@ import pytest
 import vllm.envs as envs
 import zmq
 from conftest import MakeScheduler
-from hybrid_scheduler import BLOCK_SIZE, generation_request
-from nixl_sides import nixl_config, prefill_side_finished, prompt
+from hybrid_scheduler import generation_request
+from nixl_sides import (
+    nixl_config,
+    prefill_side_finished,
+    prompt,
+    received_by_engine,
+)
 from scheduler_side_connector import StoreChild
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
@@ -74,12 +79,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import (
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import (
     NixlConnectorWorker,
 )
-from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.engine import EngineCoreRequest
-from vllm.v1.engine.core import EngineCore
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 
@@ -556,39 +558,6 @@ def test_decode_side_asks_before_the_scheduler_looks_at_a_request(
         f"answered already, left it {request.status.name}: its read waits a "
         "step for an answer it had"
     )
-
-
-def received_by_engine(
-    scheduler: Scheduler, request_id: str, params: dict[str, Any]
-) -> Request:
-    """A decode request carrying `params` as the engine core's input thread
-    makes it (`EngineCore.preprocess_add_request`, the real method on an
-    object holding only what it reads, `scheduler` the engine's), not yet
-    added to the scheduler: as a request waiting for the engine's loop."""
-    sampling_params = SamplingParams(
-        max_tokens=4, extra_args={"kv_transfer_params": dict(params)}
-    )
-    sampling_params.update_from_generation_config({}, 2)
-    engine = SimpleNamespace(
-        vllm_config=scheduler.vllm_config,
-        mm_receiver_cache=None,
-        request_block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
-        structured_output_manager=None,
-        scheduler=scheduler,
-    )
-    received = EngineCoreRequest(
-        request_id=request_id,
-        prompt_token_ids=prompt(NUM_TOKENS),
-        mm_features=None,
-        sampling_params=sampling_params,
-        pooling_params=None,
-        arrival_time=time.time(),
-        lora_request=None,
-        cache_salt=None,
-        data_parallel_rank=None,
-    )
-    request, _ = EngineCore.preprocess_add_request(engine, received)
-    return request
 
 
 def promised_reader(prefill: Scheduler, finished: Request) -> Any:

@@ -27,28 +27,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from conftest import MakeScheduler, MakeVllmConfig
-from hybrid_scheduler import BLOCK_SIZE
 from nixl_sides import (
     NIXL_CHILD,
     multi_connector,
     nixl_config,
     prefill_side_transfer_params,
-    prompt,
+    received_by_engine,
 )
 from vllm.config import KVTransferConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.engine.async_llm import AsyncLLM
-from vllm.v1.engine.core import EngineCore
 from vllm.v1.engine.input_processor import InputProcessor
 
 NUM_TOKENS = 64
@@ -183,34 +180,6 @@ def test_frontend_passes_what_the_prefill_side_sent_and_other_connectors_params(
         other._validate_params(sampling_params(params), ("generate",))
 
 
-def received(make_scheduler: MakeScheduler, params: dict[str, Any]) -> Any:
-    """The decode request carrying `params` as the engine core's input
-    thread makes it (`EngineCore.preprocess_add_request`, the real method on
-    an object holding only what it reads, with a real decode scheduler)."""
-    scheduler = make_scheduler(nixl_config())
-    engine = SimpleNamespace(
-        vllm_config=scheduler.vllm_config,
-        mm_receiver_cache=None,
-        request_block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
-        structured_output_manager=None,
-        scheduler=scheduler,
-    )
-    params_in = sampling_params(params)
-    params_in.update_from_generation_config({}, 2)
-    request = EngineCoreRequest(
-        request_id="decode",
-        prompt_token_ids=prompt(NUM_TOKENS),
-        mm_features=None,
-        sampling_params=params_in,
-        pooling_params=None,
-        arrival_time=time.time(),
-        lora_request=None,
-        cache_salt=None,
-        data_parallel_rank=None,
-    )
-    return EngineCore.preprocess_add_request(engine, request)
-
-
 @pytest.mark.parametrize("case", list(MALFORMED))
 def test_engine_refuses_malformed_nixl_params_before_its_scheduler(
     make_scheduler: MakeScheduler, sent: dict[str, Any], case: str
@@ -221,7 +190,8 @@ def test_engine_refuses_malformed_nixl_params_before_its_scheduler(
     whose step raised on it and stopped the engine."""
     params, field = malformed(sent, case)
 
-    refused = refusal(lambda: received(make_scheduler, params))
+    decode = make_scheduler(nixl_config())
+    refused = refusal(lambda: received_by_engine(decode, "decode", params, NUM_TOKENS))
 
     assert isinstance(refused, ValueError) and field in str(refused), (
         f"the engine core took a request whose kv_transfer_params ({case}) its "
