@@ -535,8 +535,10 @@ def arrived(scheduler: Scheduler, params: dict[str, Any]) -> Request:
     request.kv_transfer_params = dict(params)
     scheduler.add_request(request)
     connector: Any = scheduler.connector
-    asked = connector.connector_scheduler._held_answers[DECODE_REQUEST]
-    asked.answer.result(timeout=MAX_STEPS * STEP_S)
+    # Upstream's connector asks nothing.
+    questions = getattr(connector.connector_scheduler, "_held_answers", None) or {}
+    if DECODE_REQUEST in questions:
+        questions[DECODE_REQUEST].answer.result(timeout=MAX_STEPS * STEP_S)
     return request
 
 
@@ -707,6 +709,41 @@ def test_decode_side_asks_again_once_its_answer_is_old(
     assert request.status == RequestStatus.RUNNING, (
         f"request {request.request_id!r} was scheduled ({request.status.name}) "
         "on an answer older than HELD_ANSWER_TTL_S, after the prefill side "
+        "had released its blocks"
+    )
+
+
+def test_decode_side_asks_again_before_using_an_answer_its_request_outwaited(
+    prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decode request asked as it arrived and was answered "held", then
+    waited in a full decode server's queue past the prefill side's promise
+    (5 s), while another decode server read and released the blocks (a
+    router's retry there). Used at its first attempt, that answer let the
+    request post a read of released blocks: another prompt's KV, or, on a CPU
+    prefill server that stopped stepping, a read never served (the request
+    hung). Asked anew, the prefill side says the blocks are gone, and the
+    request is computed here. The decode scheduler's clock is moved past the
+    prefill side's serving window (`StoppedClock`): no wall-clock wait."""
+    finished, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(nixl_config())
+    request = arrived(decode, params)
+    released(prefill, finished.request_id)  # the retry's read released them
+    window = getattr(
+        nixl_scheduler_module("base_scheduler"), "CONFIRMED_READ_WINDOW_S", 5.0
+    )
+    clock = StoppedClock(time.monotonic() + window + 0.001)
+    monkeypatch.setattr(nixl_scheduler_module("pull_scheduler"), "time", clock)
+
+    for _ in range(MAX_STEPS):
+        decode.schedule()
+        if request.status != RequestStatus.WAITING:
+            break
+        time.sleep(STEP_S)
+
+    assert request.status == RequestStatus.RUNNING, (
+        f"request {request.request_id!r} was scheduled ({request.status.name}) "
+        'on a "held" answer it outwaited in the queue, after the prefill side '
         "had released its blocks"
     )
 
