@@ -748,6 +748,44 @@ def test_decode_side_asks_again_before_using_an_answer_its_request_outwaited(
     )
 
 
+def test_a_question_the_prefill_side_never_answers_is_final(
+    prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A question that got no answer within its timeout (a dead prefill
+    server, or one killed before the read) makes the request computed here,
+    however long the question took: only a "held" answer its request
+    outwaited is asked anew. Asked anew, a question to a silent listener
+    outwaits its answer again (its timeout is longer than the age at which
+    an answer is asked anew), and the request never starts. Both are made
+    short here, in the same order."""
+    utils = importlib.import_module(
+        "vllm.distributed.kv_transfer.kv_connector.v1.nixl.utils"
+    )
+    monkeypatch.setattr(utils, "READS_HELD_TIMEOUT_MS", 100)
+    monkeypatch.setattr(
+        nixl_scheduler_module("pull_scheduler"),
+        "UNUSED_ANSWER_MAX_AGE_S",
+        0.05,
+        raising=False,
+    )
+    _, params = prefill_side_finished(prefill, NUM_TOKENS)
+    decode = make_scheduler(nixl_config())
+    with silent_listener() as port:
+        request = generation_request(DECODE_REQUEST, prompt(NUM_TOKENS))
+        request.kv_transfer_params = {**params, "remote_port": port}
+        decode.add_request(request)
+        for _ in range(MAX_STEPS):
+            decode.schedule()
+            if request.status != RequestStatus.WAITING:
+                break
+            time.sleep(STEP_S)
+
+    assert request.status == RequestStatus.RUNNING, (
+        f"request {request.request_id!r} still {request.status.name}: a question "
+        "that got no answer was asked again instead of computing the request"
+    )
+
+
 def test_decode_side_counts_a_request_it_waited_on_once(
     prefill: Scheduler, make_scheduler: MakeScheduler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
