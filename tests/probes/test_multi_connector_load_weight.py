@@ -162,8 +162,12 @@ def test_sleep_mode_support_with_weighted_children() -> None:
     """VllmConfig asks the connector class about sleep mode when it is on;
     MultiConnector builds each child's config for that. Children that support
     sleep mode do so with a weight too."""
-    weighted = multi_connector_config([(0, UNSET), (0, 2.0)], always_weigh=True)
-    assert MultiConnector.supports_sleep_mode(weighted) is True
+    try:
+        weighted = multi_connector_config([(0, UNSET), (0, 2.0)], always_weigh=True)
+        supported = MultiConnector.supports_sleep_mode(weighted)
+    except ValueError as refused:  # pydantic's ValidationError is one
+        pytest.fail(f"a child entry with load_weight builds no config: {refused}")
+    assert supported is True
 
 
 @pytest.mark.parametrize(
