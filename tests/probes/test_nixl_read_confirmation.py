@@ -374,6 +374,16 @@ def scheduled(
     return [r.status for r in decode_requests(scheduler, params, tries)]
 
 
+def leaves_the_queue(scheduler: Scheduler, request: Request) -> None:
+    """Step `scheduler` until `request` is no longer WAITING: its read
+    scheduled, or its prompt computed here (bounded)."""
+    for _ in range(MAX_STEPS):
+        scheduler.schedule()
+        if request.status != RequestStatus.WAITING:
+            return
+        time.sleep(STEP_S)
+
+
 def decode_requests(
     scheduler: Scheduler, params: dict[str, Any], tries: int = 1, first: int = 0
 ) -> list[Request]:
@@ -700,11 +710,7 @@ def test_decode_side_asks_again_once_its_answer_is_old(
 
     released(prefill, finished.request_id)
     free_room()
-    for _ in range(MAX_STEPS):
-        decode.schedule()
-        if request.status != RequestStatus.WAITING:
-            break
-        time.sleep(STEP_S)
+    leaves_the_queue(decode, request)
 
     assert request.status == RequestStatus.RUNNING, (
         f"request {request.request_id!r} was scheduled ({request.status.name}) "
@@ -735,11 +741,7 @@ def test_decode_side_asks_again_before_using_an_answer_its_request_outwaited(
     clock = StoppedClock(time.monotonic() + window + 0.001)
     monkeypatch.setattr(nixl_scheduler_module("pull_scheduler"), "time", clock)
 
-    for _ in range(MAX_STEPS):
-        decode.schedule()
-        if request.status != RequestStatus.WAITING:
-            break
-        time.sleep(STEP_S)
+    leaves_the_queue(decode, request)
 
     assert request.status == RequestStatus.RUNNING, (
         f"request {request.request_id!r} was scheduled ({request.status.name}) "
@@ -774,11 +776,7 @@ def test_a_question_the_prefill_side_never_answers_is_final(
         request = generation_request(DECODE_REQUEST, prompt(NUM_TOKENS))
         request.kv_transfer_params = {**params, "remote_port": port}
         decode.add_request(request)
-        for _ in range(MAX_STEPS):
-            decode.schedule()
-            if request.status != RequestStatus.WAITING:
-                break
-            time.sleep(STEP_S)
+        leaves_the_queue(decode, request)
 
     assert request.status == RequestStatus.RUNNING, (
         f"request {request.request_id!r} still {request.status.name}: a question "
@@ -816,11 +814,7 @@ def test_decode_side_counts_a_request_it_waited_on_once(
     decode.schedule()
     assert request.status == RequestStatus.WAITING, "the first attempt waited"
     answer_may_go.set()
-    for _ in range(MAX_STEPS):
-        decode.schedule()
-        if request.status != RequestStatus.WAITING:
-            break
-        time.sleep(STEP_S)
+    leaves_the_queue(decode, request)
     assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
 
     stats = decode.kv_cache_manager.make_prefix_cache_stats()
