@@ -18,7 +18,6 @@ import os
 import tomllib
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,13 +106,10 @@ def skipped_releases(root: Path) -> dict[tuple[str, Version], str]:
     return skipped
 
 
-def new_releases(
-    root: Path, index: Mapping[str, dict[Version, datetime.date]] | None = None
-) -> list[NewRelease]:
-    """Every watched package's final releases on the index (`index`, read
-    from the public index when None) newer than every version it pins, in
-    the order of `pinned_versions` (vLLM's distributions first), each
-    package's by version."""
+def new_releases(root: Path) -> list[NewRelease]:
+    """Every watched package's final releases on the public index newer than
+    every version it pins, in the order of `pinned_versions` (vLLM's
+    distributions first), each package's by version."""
     pinned = pinned_versions(root)
     skipped = skipped_releases(root)
     unknown = sorted(f"{p} {v}" for p, v in skipped if p not in pinned)
@@ -125,8 +121,7 @@ def new_releases(
     found = []
     for package, versions in pinned.items():
         newest = max(versions, default=None)
-        released = index[package] if index is not None else index_releases(package)
-        for version, date in sorted(released.items()):
+        for version, date in sorted(index_releases(package).items()):
             if newest is None or version > newest:
                 found.append(
                     NewRelease(package, version, date, skipped.get((package, version)))
