@@ -367,18 +367,18 @@ def _our_tests(
         with step(outcome, PROBES):
             patched = reports / f"probes-{version}.xml"
             selection = [PROBES_DIR, *our_deselection_args(version)]
-            if run_probes(venv, selection, env, patched, unpatched=False):
+            if run_probes(version, venv, selection, env, patched, unpatched=False):
                 outcome.failures.append("probes on the patched build")
             outcome.probes_patched = junit_counts(patched)
         with step(outcome, UNPATCHED):
             unpatched = reports / f"probes-unpatched-{version}.xml"
-            if run_probes(venv, probes, env, unpatched, unpatched=True):
+            if run_probes(version, venv, probes, env, unpatched, unpatched=True):
                 outcome.failures.append("probes on the unpatched sources")
             outcome.probes_unpatched = junit_counts(unpatched)
     with step(outcome, RUNTIME):
         runtime = reports / f"runtime-{version}.xml"
         selection = [RUNTIME_DIR, *our_deselection_args(version)]
-        if run_probes(venv, selection, env, runtime, unpatched=False):
+        if run_probes(version, venv, selection, env, runtime, unpatched=False):
             outcome.failures.append("tests/runtime")
         outcome.runtime = junit_counts(runtime)
 

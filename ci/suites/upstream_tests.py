@@ -38,6 +38,7 @@ from vllm_overlay.series.deselections import (
 from vllm_overlay.series.facts import (
     FACTS_FILE,
     since_problems,
+    triton_cpu_standin_args,
     upstream_test_files,
     upstream_tests,
 )
@@ -270,6 +271,7 @@ def run_upstream_tests(
             f"lacks: {', '.join(stale)}; bound those entries' ranges (`since`, "
             f"`until`) to leave {release} out"
         )
+    standin = triton_cpu_standin_args(release)
     command = pytest_command(
         venv,
         *("-p", CLEANUP_PLUGIN),
@@ -277,15 +279,16 @@ def run_upstream_tests(
         "-rfEs",
         *(["--junit-xml", str(junit_xml)] if junit_xml else []),
         *(["-p", WORKTREE_PLUGIN] if worktree else []),
+        *standin,
         *deselection_args(release),
         *pytest_args,
         *collected_paths(release),
     )
-    # Only our pytest plugins join the path (and, for `worktree`, the checkout's
-    # package, which shadows nothing of vLLM): the tests must import the
-    # installed vLLM. `env` alone decides the platform variable (see
-    # `upstream_test_environment`).
-    paths = [PYTEST_PLUGINS, *([REPO_ROOT] if worktree else [])]
+    # Only our pytest plugins join the path (and, for `worktree` or the
+    # triton-cpu stand-in, the checkout's package, which shadows nothing of
+    # vLLM): the tests must import the installed vLLM. `env` alone decides the
+    # platform variable (see `upstream_test_environment`).
+    paths = [PYTEST_PLUGINS, *([REPO_ROOT] if worktree or standin else [])]
     environment = pytest_environment(env, paths)
     if log is None:
         return subprocess.run(

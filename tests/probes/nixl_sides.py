@@ -167,6 +167,9 @@ def received_by_engine(
         request_block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
         structured_output_manager=None,
         scheduler=scheduler,
+        # 0.34.0 reads it for the frontend's block hashes, which this request
+        # does not carry (v1/engine/core.py:1287 there).
+        prefix_hash_config=None,
     )
     received = EngineCoreRequest(
         request_id=request_id,

@@ -139,7 +139,14 @@ def make_speculating_scheduler(
         )
         kv_cache_config.kv_cache_groups[0].is_eagle_group = draft_group_flagged
         scheduler = start_scheduler(vllm_config, kv_cache_config)
-        assert scheduler.kv_cache_manager.use_eagle, "no draft-block drop"
+        # From 0.34.0 a connector that supports lookahead block hashes (plain
+        # NixlConnector, nixl/connector.py:93 there, as the prefill side here
+        # runs it) gets them instead of the drop (sched/scheduler.py:342-345
+        # there); MultiConnector over the offloading tier does not.
+        assert (
+            scheduler.kv_cache_manager.use_eagle
+            or vllm_config.num_hash_lookahead_tokens
+        ), "no draft-block drop, and no lookahead block hashes"
         return scheduler
 
     return make

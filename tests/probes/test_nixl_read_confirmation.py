@@ -55,8 +55,12 @@ import msgspec
 import pytest
 import vllm.envs as envs
 import zmq
-from conftest import MakeScheduler
-from hybrid_scheduler import generation_request
+from conftest import MakeScheduler, MakeVllmConfig
+from hybrid_scheduler import (
+    generation_request,
+    single_group_kv_cache_config,
+    start_scheduler,
+)
 from nixl_sides import (
     nixl_config,
     prefill_side_finished,
@@ -746,6 +750,60 @@ def test_decode_side_asks_again_before_using_an_answer_its_request_outwaited(
     assert request.status == RequestStatus.RUNNING, (
         f"request {request.request_id!r} was scheduled ({request.status.name}) "
         'on a "held" answer it outwaited in the queue, after the prefill side '
+        "had released its blocks"
+    )
+
+
+def test_decode_side_asks_again_for_a_read_the_inflight_load_limit_held_back(
+    prefill: Scheduler,
+    make_vllm_config: MakeVllmConfig,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM 0.34.0 starts a P/D decode request's read only while fewer reads
+    than --max-num-inflight-kv-loads are in flight: a request whose "held"
+    answer an attempt took up waits at the head of the asynchronous loads'
+    queue, looked at again every step, until a load in flight ends
+    (v1/core/sched/scheduler.py:1325-1335, `_admits_inflight_kv_load` at
+    :2842-2850 there). If it waits past the prefill side's promise while
+    another decode server reads and releases the blocks (a router's retry
+    there), the answer its first attempt took up must not let it post the
+    read: it is asked anew, the prefill side says the blocks are gone, and
+    the request is computed here. A load in flight is stood for by an
+    aborted one the scheduler still counts (`_aborted_kv_loads`, which
+    holds a request whose load was in flight when it was aborted until the
+    load ends); the decode scheduler's clock is moved past the promise
+    (`StoppedClock`): no wall-clock wait."""
+    scheduler_module = importlib.import_module("vllm.v1.core.sched.scheduler")
+    if not hasattr(scheduler_module.Scheduler, "_admits_inflight_kv_load"):
+        pytest.skip(
+            "this vLLM has no limit on asynchronous KV loads in flight "
+            "(--max-num-inflight-kv-loads came in 0.34.0)"
+        )
+    finished, params = prefill_side_finished(prefill, NUM_TOKENS)
+    vllm_config = make_vllm_config(nixl_config())
+    vllm_config.scheduler_config.max_num_inflight_kv_loads = 1
+    decode = start_scheduler(vllm_config, single_group_kv_cache_config())
+    decode._aborted_kv_loads.add("a load in flight")
+    request = arrived(decode, params)
+    decode.schedule()
+    assert request in decode.async_kv_waiting, (
+        f"request {request.request_id!r} ({request.status.name}) is not held "
+        "back by the limit on loads in flight: the probe sets up nothing"
+    )
+    released(prefill, finished.request_id)  # the retry's read released them
+    window = getattr(
+        nixl_scheduler_module("base_scheduler"), "CONFIRMED_READ_WINDOW_S", 5.0
+    )
+    clock = StoppedClock(time.monotonic() + window + 0.001)
+    monkeypatch.setattr(nixl_scheduler_module("pull_scheduler"), "time", clock)
+    decode._aborted_kv_loads.clear()  # the load in flight ended
+
+    leaves_the_queue(decode, request)
+
+    assert request.status == RequestStatus.RUNNING, (
+        f"request {request.request_id!r} was scheduled ({request.status.name}) "
+        'on a "held" answer it took up before the limit on loads in flight '
+        "held it back past the prefill side's promise, after the prefill side "
         "had released its blocks"
     )
 

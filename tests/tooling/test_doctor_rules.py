@@ -365,6 +365,19 @@ def test_vllm_refusing_the_config_is_reported_with_its_message():
     assert "Chunked prefill is required" in error
 
 
+def test_a_cpu_without_triton_cpu_is_told_to_install_it():
+    """vLLM 0.34.0 refuses any configuration on an x86 CPU without
+    triton-cpu: changing flags cannot help."""
+    launch = replace(
+        CPU, config_error="RuntimeError: vLLM on x86 CPUs requires Triton (triton-cpu)."
+    )
+    f = facts(launch=launch)
+    (error,) = findings(f, Severity.ERROR)
+    assert "requires Triton (triton-cpu)" in error
+    assert "install triton-cpu" in fixes(f)
+    assert "change the flags" not in fixes(f)
+
+
 def test_an_unknown_connector_is_reported_when_the_config_did_not_say_so():
     f = facts(ConnectorFacts("Nope", None, error="ValueError: not registered"))
     (error,) = findings(f, Severity.ERROR)

@@ -86,7 +86,7 @@ def steps(tmp_path, monkeypatch):
         junit(report, 1087, skipped=1)
         return 0
 
-    def probes(venv, selection, env, report, unpatched):
+    def probes(release, venv, selection, env, report, unpatched):
         clock.spend(0.5)
         runs.append(f"{selection[0]}{' unpatched' if unpatched else ''}")
         junit(report, 3)
@@ -271,7 +271,7 @@ def test_upstream_tests_run_beside_ours(steps, tmp_path, monkeypatch, capsys):
         log.write_text("upstream's own output\n")
         return 0
 
-    def probes(venv, selection, env, report, unpatched):
+    def probes(release, venv, selection, env, report, unpatched):
         ours_running.set()
         junit(report, 3)
         return 0

@@ -526,6 +526,26 @@ def test_a_rebase_says_when_the_release_facts_fit_or_were_not_checked(
     assert said in out
 
 
+def test_a_rebase_names_the_nixl_the_new_release_pins(checkout, capsys):
+    """A release's sources pin a NIXL (requirements/kv_connectors*.txt) that
+    its test environment may not take (0.33.0 refused 1.4.1, 0.34.0 pins a
+    1.5.2 PyPI cannot install): the rebase names both, for the maintainer
+    to decide."""
+    release_facts(checkout, RELEASE)
+    pin_target(checkout, drifted(), version=OLDER)
+    committed(checkout)
+    sources = cache_release_sources(checkout, OLDER, with_test=False)
+    (sources / "requirements").mkdir()
+    (sources / "requirements" / "kv_connectors.txt").write_text(
+        "# NIXL\nlmcache >= 0.3\nnixl == 1.5.2  # for P/D\n"
+    )
+    code, out, err = rebase(capsys, RELEASE, OLDER)
+    assert code == 0, err
+    assert (
+        f"facts    vLLM {OLDER} pins nixl==1.5.2 (requirements/kv_connectors.txt:3);"
+    ) in out
+
+
 def test_a_forward_rebase_says_nothing_of_backports(checkout, capsys):
     pin_target(checkout, drifted())
     committed(checkout)
@@ -552,10 +572,11 @@ def probe_env(monkeypatch, checkout) -> FakeProbeRuns:
     at that moment) and answers each probe with `outcomes` (default passed)."""
     fake = FakeProbeRuns()
 
-    def run_probes(probes, python, repo, plugin, env=None):
+    def run_probes(probes, release, python, repo, plugin, env=None):
         fake.runs.append(
             {
                 "probes": list(probes),
+                "release": release,
                 "python": python,
                 "repo": repo,
                 "plugin": plugin,

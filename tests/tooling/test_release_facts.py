@@ -19,6 +19,7 @@ from vllm_overlay.series.facts import (
     pd_core_cases,
     pinned_as_tested_line,
     serve_e2e_releases,
+    triton_cpu_standin_args,
     upstream_test_files,
 )
 from vllm_overlay.series.pins import load_pins
@@ -88,6 +89,23 @@ def test_bad_core_release_lists_are_one_line_naming_the_file(root, text, message
     (root / FACTS_FILE).write_text(text + "\n")
     error = error_of(lambda: (pd_core_cases(root), serve_e2e_releases(root)), message)
     assert error.startswith(str(root / FACTS_FILE))
+
+
+def test_only_the_releases_the_facts_name_take_the_triton_cpu_standin(root):
+    """0.34.0 refuses a CPU without triton-cpu; nothing older takes the
+    stand-in, and a name that is not pinned is refused in one line."""
+    assert triton_cpu_standin_args("0.34.0", REPO_PATCHES) == [
+        "-p",
+        "vllm_overlay.testing.triton_cpu_standin",
+    ]
+    assert triton_cpu_standin_args("0.33.0", REPO_PATCHES) == []
+    (root / FACTS_FILE).write_text('triton_cpu_standin = ["9.9.9"]\n')
+    error = error_of(
+        lambda: triton_cpu_standin_args("0.34.0", root), "names 9.9.9, which is not"
+    )
+    assert error.startswith(str(root / FACTS_FILE))
+    (root / FACTS_FILE).write_text('triton_cpu_standin = "0.34.0"\n')
+    error_of(lambda: triton_cpu_standin_args("0.34.0", root), "must be a list")
 
 
 def test_the_gdn_hybrid_is_qwen3_next_only_where_qwen3_5_text_is_missing(root):

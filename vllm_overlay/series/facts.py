@@ -76,6 +76,40 @@ def serve_e2e_releases(root: Path | None = None) -> tuple[str, ...]:
     return tuple(_cpu_release(root, "serve_e2e_releases", r) for r in releases)
 
 
+def triton_cpu_standin_releases(root: Path | None = None) -> frozenset[str]:
+    """The pinned releases whose tests run with the triton-cpu stand-in
+    (`vllm_overlay.testing.triton_cpu_standin`): their CPU platform refuses
+    an x86 CPU without triton-cpu, which the test machines cannot install.
+    A tree without release facts (a fresh series folder) names none."""
+    root = root or patches_root()
+    where = root / FACTS_FILE
+    if not where.is_file():
+        return frozenset()
+    releases = _facts(root).get("triton_cpu_standin", [])
+    if not isinstance(releases, list) or not all(isinstance(r, str) for r in releases):
+        raise OverlayError(
+            f"{where}: triton_cpu_standin must be a list of release strings"
+        )
+    unknown = sorted(set(releases) - set(load_pins(root / PINS_FILE)))
+    if unknown:
+        raise OverlayError(
+            f"{where}: triton_cpu_standin names {', '.join(unknown)}, which is "
+            "not pinned"
+        )
+    return frozenset(releases)
+
+
+TRITON_CPU_STANDIN_PLUGIN = "vllm_overlay.testing.triton_cpu_standin"
+
+
+def triton_cpu_standin_args(release: str, root: Path | None = None) -> list[str]:
+    """The pytest arguments that load the triton-cpu stand-in into a run of
+    `release`'s tests: none unless the facts name the release."""
+    if release in triton_cpu_standin_releases(root):
+        return ["-p", TRITON_CPU_STANDIN_PLUGIN]
+    return []
+
+
 def gdn_hybrid(release: str, root: Path | None = None) -> str:
     """The tiny Gated DeltaNet hybrid (a model of `ci/fixtures/tiny_model.py`) that
     the end-to-end runs serve on `release`."""

@@ -346,7 +346,7 @@ def _check_probes_fail(
     release, in one pytest run; returns the outcomes for the description."""
     version = series.release.version
     probes = [probe for patch in stack for probe in patch.probes]
-    outcomes = run_pristine(list(dict.fromkeys(probes)), python, repo_root)
+    outcomes = run_pristine(list(dict.fromkeys(probes)), version, python, repo_root)
     for patch in stack:
         verdict = probe_verdict(patch.probes, outcomes)
         if verdict != STILL_NEEDED:

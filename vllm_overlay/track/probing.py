@@ -24,6 +24,7 @@ from pathlib import Path
 
 from vllm_overlay import cache_layout
 from vllm_overlay.locations import REPO_ROOT
+from vllm_overlay.series.facts import triton_cpu_standin_args
 from vllm_overlay.series.model import Series
 from vllm_overlay.testing.outcomes import FAILED_OUTSIDE_ASSERTION, outside_assertion
 from vllm_overlay.upstream.fetch import last_error_line
@@ -77,25 +78,31 @@ def _probe_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     }
 
 
-def run_pristine(probes: list[str], python: Path, repo: Path) -> dict[str, str]:
-    """Run `probes` in one pytest process on the pristine sources and return
-    each probe's outcome: "passed", "failed", or what kept it from a verdict."""
-    return run_probes(probes, python, repo, PRISTINE_PLUGIN)
+def run_pristine(
+    probes: list[str], release: str, python: Path, repo: Path
+) -> dict[str, str]:
+    """Run `probes` in one pytest process on `release`'s pristine sources and
+    return each probe's outcome: "passed", "failed", or what kept it from a
+    verdict."""
+    return run_probes(probes, release, python, repo, PRISTINE_PLUGIN)
 
 
 def run_probes(
     probes: list[str],
+    release: str,
     python: Path,
     repo: Path,
     plugin: str,
     env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """Run `probes` in one pytest process with the source plugin `plugin`
-    (`env` added to the environment) and return each probe's outcome."""
+    """Run `probes` in one pytest process of `release`'s environment with the
+    source plugin `plugin` (and the triton-cpu stand-in where the release
+    facts ask for it; `env` added to the environment) and return each
+    probe's outcome."""
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-probe-") as scratch:
         report = Path(scratch) / "probes.xml"
         command = [str(python), "-m", "pytest", "-p", "no:cacheprovider"]
-        command += ["-p", plugin, "-q", "--tb=no"]
+        command += ["-p", plugin, *triton_cpu_standin_args(release), "-q", "--tb=no"]
         command += ["--junit-xml", str(report), *probes]
         proc = subprocess.run(
             command,
@@ -203,7 +210,7 @@ def probe_verdicts(
         "on its unpatched sources ...",
         file=sys.stderr,
     )
-    outcomes = run_pristine(probes, python, repo)
+    outcomes = run_pristine(probes, release, python, repo)
     return {
         patch.name: probe_verdict(patch.probes, outcomes) for patch in series.patches
     }
@@ -256,6 +263,7 @@ def probe_rebased(
     )
     outcomes = run_probes(
         probes,
+        release,
         python,
         patches.parent,
         WORKTREE_PLUGIN,

@@ -12,6 +12,13 @@ from packaging.version import Version
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE
+from vllm_overlay.series.facts import (
+    FACTS_FILE,
+    e2e_release,
+    pd_core_cases,
+    serve_e2e_releases,
+    triton_cpu_standin_releases,
+)
 from vllm_overlay.series.model import has_series
 from vllm_overlay.series.pins import Dist, ReleasePin, load_pins
 
@@ -27,8 +34,9 @@ HEADER = (
 
 def render_release_table(patches_root: Path) -> str:
     """One row per pinned release, newest first: its patched builds' full
-    versions (from each pinned distribution), and where it was tested (the
-    CPU suite runs every pinned release; no GPU run has happened)."""
+    versions (from each pinned distribution), and where it was tested: on a
+    CPU what the suite (`ci/harness.py`) runs for it, read from the release
+    facts the suite reads; no GPU run has happened."""
     pins = load_pins(patches_root / PINS_FILE)
     rows = [HEADER]
     for version in sorted(pins, key=Version, reverse=True):
@@ -37,8 +45,31 @@ def render_release_table(patches_root: Path) -> str:
             if has_series(patches_root, version)
             else ["(no series yet)"] * len(Dist)
         )
-        rows.append(f"| {version} | {' | '.join(builds)} | yes, the suite | no |\n")
+        tested = _tested_on_cpu(patches_root, version)
+        rows.append(f"| {version} | {' | '.join(builds)} | {tested} | no |\n")
     return "".join(rows)
+
+
+def _tested_on_cpu(patches_root: Path, version: str) -> str:
+    """What the suite runs for `version` on a CPU: upstream's unit tests and
+    the probes on every release (with the triton-cpu stand-in, and no
+    engine, where the facts name it), and the end-to-end runs where they
+    name the release. Without release facts the suite runs nothing."""
+    if not (patches_root / FACTS_FILE).is_file():
+        return "no"
+    if version in triton_cpu_standin_releases(patches_root):
+        return "upstream's unit tests and probes, triton-cpu stood in for; no engine"
+    runs = []
+    if version == e2e_release(patches_root):
+        runs = ["`serve`", "P/D"]
+    else:
+        if version in serve_e2e_releases(patches_root):
+            runs.append("`serve`")
+        if version in pd_core_cases(patches_root):
+            runs.append("some P/D cases")
+    if not runs:
+        return "upstream's unit tests and probes"
+    return f"upstream's unit tests, probes, {' and '.join(runs)} end to end"
 
 
 def _build(pin: ReleasePin, dist: Dist) -> str:

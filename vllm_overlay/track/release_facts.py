@@ -9,12 +9,15 @@ tell which.
 
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.series.facts import (
     FACTS_FILE,
+    environment_facts,
     since_findings,
     upstream_tests,
     write_since,
@@ -86,6 +89,62 @@ def settle_facts_after_rebase(
             f"not checked: vLLM {version}'s sources are not cached; "
             f"`vllm-overlay lint` checks them after `tools/test.sh {version}`"
         ]
+    nixl = nixl_pin_line(version, sources[version], patches_root)
+    return [*_settle_since(version, patches_root, sources), *nixl]
+
+
+def nixl_pin_line(version: str, tree: Path, patches_root: Path) -> list[str]:
+    """A line naming the NIXL `version` pins (its sources'
+    requirements/kv_connectors*.txt) beside the NIXL its test environment
+    takes (`[test_env.nixl]`), for the maintainer to decide; none when the
+    release pins no NIXL. A new release's NIXL pin has changed its
+    connector's minimum before (0.33.0 refused 1.4.1), and `pin` asks
+    nothing of it."""
+    pinned = release_nixl_pin(tree)
+    if pinned is None:
+        return []
+    where, requirement = pinned
+    try:
+        taken = environment_facts(patches_root).nixl.get(version)
+    except OverlayError as exc:
+        return [f"vLLM {version} pins {requirement} ({where}); not compared: {exc}"]
+    facts = f"patches/{FACTS_FILE.as_posix()}"
+    if taken is None:
+        return [
+            f"vLLM {version} pins {requirement} ({where}); its test environment "
+            f"takes the default NIXL (ci/envs/nixl-requirements.txt): name a "
+            f"hash-pinned file under [test_env.nixl] in {facts} if {version} "
+            "refuses that NIXL"
+        ]
+    return [
+        f"vLLM {version} pins {requirement} ({where}); its test environment "
+        f"takes {taken} ([test_env.nixl] in {facts})"
+    ]
+
+
+def release_nixl_pin(tree: Path) -> tuple[str, str] | None:
+    """Where a release's sources pin `nixl`, and the requirement: the first
+    `nixl` line of its requirements/kv_connectors*.txt (the meta package;
+    0.34.0 has the same pin in both files)."""
+    for path in sorted((tree / "requirements").glob("kv_connectors*.txt")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            text = line.split("#", 1)[0].strip()
+            if not text or text.startswith("-"):
+                continue
+            try:
+                requirement = Requirement(text)
+            except InvalidRequirement:
+                continue
+            if canonicalize_name(requirement.name) == "nixl":
+                return f"{path.relative_to(tree)}:{number}", str(requirement)
+    return None
+
+
+def _settle_since(
+    version: str, patches_root: Path, sources: dict[str, Path]
+) -> list[str]:
+    """`settle_facts_after_rebase`'s `upstream_tests` part, with every
+    pinned release's cached sources."""
     without = {release: tree for release, tree in sources.items() if release != version}
     try:
         known = {p.line(patches_root) for p in since_findings(patches_root, without)}
