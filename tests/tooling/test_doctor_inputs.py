@@ -16,14 +16,18 @@ from vllm_overlay.doctor.build import evaluated_sources, installed_build
 from vllm_overlay.doctor.gather import (
     NIXL_DECLINED_READS_MODULES,
     declined_reads_values,
+)
+from vllm_overlay.doctor.hf_config import (
+    find_config,
+    hybrid_from_config,
     model_from_config_json,
 )
-from vllm_overlay.doctor.hf_config import find_config, hybrid_from_config
 from vllm_overlay.doctor.installed_sources import (
     CPU_PLATFORM,
     MAMBA_UTILS,
     REJECTION_SAMPLER,
     conv_state_forced_sd,
+    cpu_requires_triton,
     cpu_speculation_kernels,
     mamba_kernel_launch,
 )
@@ -66,6 +70,25 @@ QWEN35_DETAIL = "layer types: full_attention, linear_attention"
 )
 def test_hybrid_from_config(config, hybrid):
     assert hybrid_from_config(config).hybrid is hybrid
+
+
+def test_the_installed_registry_judges_an_architecture_first():
+    """An architecture the installed vLLM registers is judged as its registry
+    says (a release's new hybrids are not in the list kept here); the list
+    answers only for one the registry does not know, and layer types,
+    where a config lists them, come first."""
+    registry = {"Lfm3ForCausalLM": True, "Qwen3NextForCausalLM": False}.get
+    assert hybrid_from_config({"architectures": ["Lfm3ForCausalLM"]}).hybrid is False
+    verdict = hybrid_from_config({"architectures": ["Lfm3ForCausalLM"]}, registry)
+    assert verdict.hybrid is True
+    assert "the installed vLLM's registry" in verdict.detail
+    assert (
+        hybrid_from_config({"architectures": ["Qwen3NextForCausalLM"]}, registry).hybrid
+        is False
+    )
+    assert hybrid_from_config({"architectures": ["BambaForCausalLM"]}, registry).hybrid
+    layers = {"architectures": ["Lfm3ForCausalLM"], "layer_types": ["attention"]}
+    assert hybrid_from_config(layers, registry).hybrid is False
 
 
 def test_mixed_sliding_window_layers_are_noticed():
@@ -335,6 +358,23 @@ def test_the_check_after_which_the_cpu_platform_forces_sd(
     assert conv_state_forced_sd() == expected
     installed(tmp_path, monkeypatch, {})
     assert conv_state_forced_sd() is None
+
+
+def test_whether_the_cpu_platform_requires_triton_cpu(tmp_path, monkeypatch):
+    """0.34.0's CPU platform refuses an x86 CPU without triton-cpu; older ones
+    run without Triton (tests/runtime/test_doctor_real.py checks each pinned
+    release's answer)."""
+    refuses = (
+        "def check_and_update_config(cls, vllm_config):\n"
+        "    if cls.get_cpu_architecture() == CpuArchEnum.X86 and not HAS_TRITON:\n"
+        '        raise RuntimeError("vLLM on x86 CPUs requires Triton (triton-cpu).")\n'
+    )
+    installed(tmp_path, monkeypatch, {CPU_PLATFORM: refuses})
+    assert cpu_requires_triton() is True
+    installed(tmp_path, monkeypatch, {CPU_PLATFORM: "def check(): pass\n"})
+    assert cpu_requires_triton() is False
+    installed(tmp_path, monkeypatch, {})
+    assert cpu_requires_triton() is None
 
 
 @pytest.fixture

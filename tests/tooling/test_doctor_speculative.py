@@ -96,8 +96,10 @@ def test_speculation_with_hybrid_prefix_caching_on_the_cpu_is_refused(
         (LLAMA, speculating(mamba_cache_mode=None, hybrid_block_size=None)),
         (QWEN35, speculating(prefix_caching=False, mamba_cache_mode="none")),
         (QWEN35, speculating(platform="cuda")),
+        # 0.34.0 runs on an x86 CPU only with triton-cpu, whose kernels launch.
+        (QWEN35, speculating(cpu_requires_triton=True)),
     ],
-    ids=["unknown", "off", "not-hybrid", "no-prefix-caching", "gpu"],
+    ids=["unknown", "off", "not-hybrid", "no-prefix-caching", "gpu", "triton-cpu"],
 )
 def test_no_speculative_finding_outside_that_case(model, launch):
     f = facts(NIXL, model=model, launch=launch, hma=True, nixl=NIXL_OK)
@@ -301,6 +303,12 @@ def test_a_peer_vllm_refuses_is_an_error_and_nothing_is_compared():
     assert error.severity == Severity.ERROR
     assert "vLLM refuses the configuration of the peer (--peer)" in error.what
     assert "ValueError: no such thing" in error.what
+    assert "change the flags it names in the peer's arguments" in error.fix
+    refused = peer(
+        found=None, config_error="vLLM on x86 CPUs requires Triton (triton-cpu)."
+    )
+    (error,) = pd_pair(pair(refused))
+    assert "install triton-cpu" in error.fix
 
 
 @pytest.mark.parametrize(

@@ -160,6 +160,10 @@ class LaunchFacts:
     """Whether the installed CPU platform's stand-ins for speculative
     decoding's Triton kernels reach their launches (False: vLLM 0.30.0);
     None: not found."""
+    cpu_requires_triton: bool | None = None
+    """Whether the installed CPU platform refuses an x86 CPU without
+    triton-cpu (vLLM 0.34.0), whose kernels then run through it
+    (`installed_sources.cpu_requires_triton`); None: not found."""
     conv_state_forced_sd: str | None = None
     """The `torch.cpu` check after which the installed CPU platform sets
     VLLM_SSM_CONV_STATE_LAYOUT=SD whatever the user set

@@ -35,9 +35,10 @@ from vllm_overlay.doctor.facts import (
     PeerFacts,
     SpeculativeFacts,
 )
-from vllm_overlay.doctor.hf_config import find_config, hybrid_from_config, read_config
+from vllm_overlay.doctor.hf_config import model_from_config_json
 from vllm_overlay.doctor.installed_sources import (
     conv_state_forced_sd,
+    cpu_requires_triton,
     cpu_speculation_kernels,
     mamba_kernel_launch,
 )
@@ -173,6 +174,7 @@ def launch_facts(
         hybrid_block_size=hybrid_block_size(config),
         mamba_kernel_launch=mamba_kernel_launch(),
         cpu_speculation_kernels=cpu_speculation_kernels(),
+        cpu_requires_triton=cpu_requires_triton(),
         **_forced_sd(),
     )
 
@@ -329,21 +331,6 @@ def model_facts(engine_args: Any) -> tuple[ModelFacts, Any]:
         mixed_attention={"sliding_attention", "full_attention"} <= kinds,
     )
     return facts, model_config
-
-
-def model_from_config_json(name: str, why: str) -> ModelFacts:
-    """The config.json fallback; `why` says why vLLM was not asked."""
-    path = find_config(name)
-    if path is None:
-        return ModelFacts(name, None, f"{why}; no config.json found locally")
-    verdict = hybrid_from_config(read_config(path))
-    return ModelFacts(
-        name=name,
-        hybrid=verdict.hybrid,
-        source=f"{path} ({why})",
-        detail=verdict.detail,
-        mixed_attention=verdict.mixed_attention,
-    )
 
 
 def connector_facts(kv_transfer: Any, model_config: Any) -> tuple[ConnectorFacts, ...]:

@@ -1,19 +1,23 @@
-"""Whether a model is hybrid, read from its `config.json` alone.
+"""Whether a model is hybrid, read from its `config.json`.
 
 The fallback for when vLLM cannot build the model's configuration (an
 architecture its registry does not know, a missing tokenizer, no vLLM at
 all): the Hugging Face config names the layer types in one of a few known
 ways. It mirrors `ModelConfig.is_hybrid` as far as a config can: an
 architecture vLLM implements as hybrid whose layers are all attention (the
-Granite-4.0 "micro" case) is not hybrid.
+Granite-4.0 "micro" case) is not hybrid. An architecture the config names
+is judged by the installed vLLM's model registry where it knows it
+(`registry_hybrid`), so that each release's own hybrid classes count.
 """
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from vllm_overlay.doctor.facts import ModelFacts
 
 # Layer kinds that keep recurrent state instead of (or besides) a paged KV.
 RECURRENT_LAYER_TYPES = frozenset(
@@ -24,7 +28,9 @@ ATTENTION_LAYER_TYPES = frozenset(
     {"attention", "full_attention", "sliding_attention", "chunked_attention", "hybrid"}
 )
 # Architectures vLLM implements with Mamba / linear-attention mixers next to
-# attention (`IsHybrid`), whose configs do not always list layer types.
+# attention (`IsHybrid`), whose configs do not always list layer types: the
+# answer when no installed vLLM's registry is asked (`hybrid_from_config`'s
+# `registry`), which knows each release's own (0.34.0 added six).
 HYBRID_ARCHITECTURES = frozenset(
     {
         "BambaForCausalLM",
@@ -46,6 +52,18 @@ HYBRID_ARCHITECTURES = frozenset(
 )
 
 
+def registry_hybrid(architecture: str) -> bool | None:
+    """Whether the installed vLLM implements `architecture` as hybrid
+    (`IsHybrid`), as its model registry inspects the class (in a
+    subprocess, cached by vLLM); None for one it does not register. The
+    registry knows every architecture of its release, which a list kept
+    here did not (0.34.0 added six hybrid ones)."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    info = ModelRegistry._try_inspect_model_cls(architecture)
+    return None if info is None else bool(info.is_hybrid)
+
+
 @dataclass(frozen=True)
 class ConfigVerdict:
     """`hybrid` is None when the config says nothing either way."""
@@ -55,12 +73,26 @@ class ConfigVerdict:
     mixed_attention: bool = False
 
 
-def hybrid_from_config(config: Mapping[str, Any]) -> ConfigVerdict:
+# An architecture's hybridness as an installed vLLM's model registry knows
+# it; None for one the registry does not know.
+Registry = Callable[[str], bool | None]
+
+
+def no_registry(architecture: str) -> bool | None:
+    """No installed vLLM to ask."""
+    return None
+
+
+def hybrid_from_config(
+    config: Mapping[str, Any], registry: Registry = no_registry
+) -> ConfigVerdict:
     """Judge a parsed `config.json` (a multimodal model's `text_config` counts
-    too)."""
+    too): by the layer types it lists, else by its architecture, which
+    `registry` (the installed vLLM's) judges, and `HYBRID_ARCHITECTURES`
+    where it does not know it."""
     text = config.get("text_config")
     if isinstance(text, Mapping):
-        inner = hybrid_from_config(text)
+        inner = hybrid_from_config(text, registry)
         if inner.hybrid is not None:
             return inner
     architectures = config.get("architectures") or []
@@ -71,6 +103,12 @@ def hybrid_from_config(config: Mapping[str, Any]) -> ConfigVerdict:
         mixed = {"sliding_attention", "full_attention"} <= kinds
         detail = f"layer types: {', '.join(sorted(kinds))}"
         return ConfigVerdict(bool(recurrent and attention), detail, mixed)
+    for architecture in architectures:
+        known = registry(architecture)
+        if known is not None:
+            return ConfigVerdict(
+                known, f"architecture {architecture} (the installed vLLM's registry)"
+            )
     hybrid_arch = sorted(set(architectures) & HYBRID_ARCHITECTURES)
     if hybrid_arch:
         return ConfigVerdict(True, f"architecture {hybrid_arch[0]}")
@@ -113,3 +151,18 @@ def find_config(model: str) -> Path | None:
 
 def read_config(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def model_from_config_json(name: str, why: str) -> ModelFacts:
+    """The config.json fallback; `why` says why vLLM was not asked."""
+    path = find_config(name)
+    if path is None:
+        return ModelFacts(name, None, f"{why}; no config.json found locally")
+    verdict = hybrid_from_config(read_config(path), registry_hybrid)
+    return ModelFacts(
+        name=name,
+        hybrid=verdict.hybrid,
+        source=f"{path} ({why})",
+        detail=verdict.detail,
+        mixed_attention=verdict.mixed_attention,
+    )

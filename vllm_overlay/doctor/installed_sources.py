@@ -69,6 +69,21 @@ def cpu_speculation_kernels() -> bool | None:
     return "def register_triton_kernel_overrides(" in platform
 
 
+# vLLM 0.34.0's CPU platform refuses an x86 CPU without triton-cpu, in these
+# words (vllm/platforms/cpu.py:241-243 there).
+TRITON_CPU_MISSING = "requires Triton (triton-cpu)"
+
+
+def cpu_requires_triton() -> bool | None:
+    """Whether the installed CPU platform refuses an x86 CPU without
+    triton-cpu (0.34.0), so that a configuration it builds there runs Triton
+    kernels through triton-cpu; None: the file is not there. Before, vLLM's
+    CPU platform ran without Triton, where `triton.jit` leaves plain
+    functions that a launch cannot subscript."""
+    source = _source(CPU_PLATFORM)
+    return None if source is None else TRITON_CPU_MISSING in source
+
+
 def conv_state_forced_sd() -> str | None:
     """The `torch.cpu` check (`_is_avx512_bf16_supported`, ...) after which
     the installed CPU platform sets VLLM_SSM_CONV_STATE_LAYOUT to SD whatever

@@ -28,6 +28,7 @@ from vllm_overlay.doctor.rules_lmcache import (
     lmcache_on_hybrid,
 )
 from vllm_overlay.doctor.rules_speculative import (
+    fix_for_refusal,
     pd_pair,
     speculation_on_cpu_without_kernels,
     speculative_hybrid_prefix_caching_on_cpu,
@@ -154,29 +155,17 @@ def device_platform(facts: Facts) -> Iterator[Finding]:
     )
 
 
-# vLLM 0.34.0's CPU platform refuses every configuration on an x86 CPU
-# without triton-cpu (vllm/platforms/cpu.py:241-243 there): no flag helps.
-TRITON_CPU_MISSING = "requires Triton (triton-cpu)"
-
-
 def config_rejected(facts: Facts) -> Iterator[Finding]:
     """vLLM refused to build the engine configuration (unknown platform
     aside, which `device_platform` explains)."""
     launch = facts.launch
     if launch is None or launch.config_error is None or launch.platform is None:
         return
-    if TRITON_CPU_MISSING in launch.config_error:
-        advice = (
-            "install triton-cpu, the Triton build with a CPU backend that "
-            "vLLM's requirements/cpu.txt takes from triton-cpu's GitHub "
-            "releases (PyPI's `triton` has no CPU backend); no flag avoids it"
-        )
-    else:
-        advice = "change the flags it names"
     yield Finding(
         ERROR,
         f"vLLM refuses this configuration: {launch.config_error}",
-        f"{advice}; `vllm serve` stops with the same error before it loads the model",
+        f"{fix_for_refusal(launch.config_error)}; `vllm serve` stops with the "
+        "same error before it loads the model",
     )
 
 

@@ -21,6 +21,7 @@ from vllm_overlay.doctor.facts import (
     SpeculativeFacts,
 )
 from vllm_overlay.doctor.findings import Finding, Severity
+from vllm_overlay.doctor.installed_sources import TRITON_CPU_MISSING
 
 ERROR, WARNING, INFO = Severity.ERROR, Severity.WARNING, Severity.INFO
 SPECULATIVE = "speculative_config"
@@ -121,12 +122,15 @@ def _speculating_on_cpu(
     facts: Facts,
 ) -> Iterator[tuple[str, bool | None, LaunchFacts, SpeculativeFacts]]:
     """Each launch (this server's, then the peer's: named by a prefix)
-    that speculates on the CPU platform, with whether its model is hybrid."""
+    that speculates on the CPU platform, with whether its model is hybrid.
+    Not one whose CPU platform runs only with triton-cpu (0.34.0): its
+    Triton kernels run there, and what the CPU rules say of launches
+    without Triton does not hold (nothing here has run such a launch)."""
     launches = [("", facts.model and facts.model.hybrid, facts.launch)]
     if facts.peer is not None:
         launches.append((f"{PEER}: ", facts.peer.hybrid, facts.peer.launch))
     for who, hybrid, launch in launches:
-        if launch is None or launch.platform != "cpu":
+        if launch is None or launch.platform != "cpu" or launch.cpu_requires_triton:
             continue
         speculative = launch.speculative
         if speculative is None or speculative.method is None:
@@ -134,23 +138,39 @@ def _speculating_on_cpu(
         yield who, hybrid, launch, speculative
 
 
+def fix_for_refusal(error: str, where: str = "") -> str:
+    """What to do about vLLM refusing a configuration with `error`: change
+    the flags it names (`where`), unless no flag avoids it (0.34.0 on an x86
+    CPU without triton-cpu)."""
+    if TRITON_CPU_MISSING in error:
+        return (
+            "install triton-cpu, the Triton build with a CPU backend that "
+            "vLLM's requirements/cpu.txt takes from triton-cpu's GitHub "
+            "releases (PyPI's `triton` has no CPU backend); no flag avoids it"
+        )
+    return f"change the flags it names{where}"
+
+
 def pd_pair(facts: Facts) -> Iterator[Finding]:
     """The two servers of a P/D pair over NixlConnector (`--peer`). When the
     decode server first reads from the prefill server, the NIXL handshake
     compares the two servers' `compute_nixl_compatibility_hash`
     (nixl/metadata.py:74 in 0.22.1, :137 in 0.30.0, :142 in 0.31.0, :145 in
-    0.32.0, :146 in 0.33.0) and, unless `enforce_handshake_compat` is false,
-    raises "NIXL compatibility hash mismatch" for that request and every later
-    one (nixl/worker.py:542 in 0.22.1; nixl/base_worker.py:936 in 0.30.0, :1101
-    in 0.31.0, :1080 in 0.32.0, :1197 in 0.33.0). The hash covers the vLLM and connector
-    versions, the model as named, its dtype, KV heads, head size and layer
-    count, the attention backend, the KV cache dtype, whether HMA is on, and
-    from 0.30.0 the transfer mode and, for EAGLE-style methods (eagle,
-    eagle3, mtp, dflash, dspark), the speculative method, draft model and its
-    revisions, parallel drafting, the draft KV cache dtype and auxiliary
-    layers (`_get_speculative_compatibility_factors`); not the number of
-    speculative tokens, nor n-gram or draft_model speculation
-    (`_unhashed_speculation`)."""
+    0.32.0, :146 in 0.33.0, :149 in 0.34.0) and, unless
+    `enforce_handshake_compat` is false, raises "NIXL compatibility hash
+    mismatch" for that request and every later one (nixl/worker.py:542 in
+    0.22.1; nixl/base_worker.py:936 in 0.30.0, :1101 in 0.31.0, :1080 in
+    0.32.0, :1197 in 0.33.0, :1274 in 0.34.0). The hash covers the vLLM and
+    connector versions, the model as named, its dtype, KV heads, head size
+    and layer count, the attention backend, the KV cache dtype, whether HMA
+    is on, and from 0.30.0 the transfer mode and, for EAGLE-style methods
+    (eagle, eagle3, mtp, dflash, dspark; from 0.34.0 any speculator that
+    uses the target's hidden states), the speculative method, draft model and
+    its revisions, parallel drafting (not from 0.34.0), the draft KV cache
+    dtype and auxiliary layers (`_get_speculative_compatibility_factors`);
+    not the number of speculative tokens, nor n-gram or draft_model
+    speculation (`_unhashed_speculation`). Doctor asks the installed
+    release's own function (`compat.compatibility_factors`)."""
     peer, launch = facts.peer, facts.launch
     if peer is None or launch is None or launch.platform is None:
         return
@@ -158,8 +178,8 @@ def pd_pair(facts: Facts) -> Iterator[Finding]:
         yield Finding(
             ERROR,
             f"vLLM refuses the configuration of {PEER}: {peer.launch.config_error}",
-            "change the flags it names in the peer's arguments; that server "
-            "stops with the same error before it loads the model",
+            fix_for_refusal(peer.launch.config_error, " in the peer's arguments")
+            + "; that server stops with the same error before it loads the model",
         )
         return
     if launch.config_error is not None:
