@@ -132,6 +132,31 @@ def test_the_messages_line_references_follow_the_code(checkout, capsys):
     assert lint(checkout.patches) == []
 
 
+def test_a_reference_to_upstreams_tests_follows_them_in_the_cached_sources(
+    checkout, capsys
+):
+    """Upstream's tests ship in the sdist, not the wheel: with both releases'
+    sources cached, a message's reference to one moves like one to vLLM's
+    package (0.34.0's rebase left one to tests/v1/kv_connector/unit/utils.py
+    stale without a word)."""
+    patch = checkout.series_dir / PATCH
+    patch.write_text(
+        patch.read_text().replace(
+            "\nWhy.\n", f"\nWhy: `{FACTS_TEST}:2` is the test's body.\n"
+        )
+    )
+    assert run_cli(capsys, "pin", "--bump", RELEASE)[0] == 0
+    pin_target(checkout, drifted())
+    committed(checkout)
+    cache_release_sources(checkout, RELEASE, with_test=True)
+    sources = cache_release_sources(checkout, TO, with_test=False)
+    (sources / FACTS_TEST).write_text("import os\n\ndef test_x():\n    pass\n")
+    code, out, _ = rebase(capsys, RELEASE, TO)
+    assert code == 0, out
+    assert f"moved    {PATCH}: {FACTS_TEST}:2 -> {FACTS_TEST}:4\n" in out
+    assert f"Why: `{FACTS_TEST}:4` is" in (target_dir(checkout) / PATCH).read_text()
+
+
 def test_the_new_series_is_recorded_for_its_revision(checkout, capsys):
     pin_target(checkout, drifted())
     committed(checkout)

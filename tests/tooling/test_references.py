@@ -135,3 +135,19 @@ def test_lines_still_at_their_numbers_stay_where_the_same_lines_recur():
 def test_a_line_naming_a_release_and_files_outside_vllm_are_left_alone():
     message = "sched/scheduler.py:3 in 0.31.0\n:4 too\nlmcache/x.py:3"
     assert moved(message) == (message, [])
+
+
+def test_a_reference_to_upstreams_tests_moves_and_a_short_path_means_the_package():
+    """Upstream's tests (cited by their whole `tests/...` path) move like the
+    package's files; a short path never resolves to a test file."""
+    test = "tests/v1/kv_connector/unit/utils.py"
+    old = {**OLD, test: "a\nconnector = Mock()\nreturn connector\n"}
+    new = {**NEW, test: "a\nb\nc\nconnector = Mock()\nreturn connector\n"}
+    assert moved(f"see {test}:2-3, not unit/utils.py:2", old=old, new=new) == (
+        f"see {test}:4-5, not unit/utils.py:2",
+        [(f"{test}:2-3", f"{test}:4-5")],
+    )
+    gone = {**new, test: "a\n"}
+    assert moved(f"{test}:2", old=old, new=gone)[1] == [
+        (f"{test}:2", "stale: the cited lines are no longer there")
+    ]

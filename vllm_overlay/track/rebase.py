@@ -63,8 +63,8 @@ from vllm_overlay.track.probing import RebasedProbes, probe_rebased
 from vllm_overlay.track.references import (
     FileReader,
     Reference,
+    release_files,
     retarget_series,
-    wheel_reader,
 )
 from vllm_overlay.track.refresh import (
     export_series,
@@ -80,7 +80,11 @@ from vllm_overlay.track.replay import (
     pick,
 )
 from vllm_overlay.track.scratch_tree import pristine_files
-from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel, wheel_names
+from vllm_overlay.upstream.fetch import (
+    cached_sdist_tree,
+    fetch_sdist_tree,
+    fetch_wheel,
+)
 
 STATE_DIR = Path(".vllm-overlay") / "rebase"
 _STATE_FILE = "state.json"
@@ -404,7 +408,7 @@ def _finish(state: RebaseState, root: Path) -> RebaseOutcome:
     """Write the TO series, record it for TO's revision (`pin.record_series`)
     and append the dropped patches to the history; the state goes last, so a
     failure here can be resumed."""
-    repo = state_dir(root) / "repo"
+    repo, cache = state_dir(root) / "repo", cache_root()
     exported = export_series(
         repo,
         TARGET_TAG,
@@ -413,15 +417,20 @@ def _finish(state: RebaseState, root: Path) -> RebaseOutcome:
         names_from=series_dir(root, state.from_release),
         allow_empty=True,
     )
-    from_wheel = Path(state.from_wheel)
-    exported, references = retarget_series(
-        exported,
-        wheel_names(from_wheel),
-        wheel_reader(from_wheel),
+    # Upstream's tests are read from the sdists the cache holds (the rebase
+    # fetched them if the series patches a test; a test run does too).
+    pins = pinned_releases(root)
+    files, old = release_files(
+        Path(state.from_wheel), cached_sdist_tree(pins[state.from_release], cache)
+    )
+    new = (
         _git_reader(state.to_source)
         if state.to_source
-        else wheel_reader(Path(state.to_wheel)),
+        else release_files(
+            Path(state.to_wheel), cached_sdist_tree(pins[state.to_release], cache)
+        )[1]
     )
+    exported, references = retarget_series(exported, files, old, new)
     if state.out_dir:
         directory = Path(state.out_dir)
         write_series_dir(exported, state.to_release, directory)

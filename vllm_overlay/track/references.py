@@ -18,8 +18,10 @@ or `class` line to its last) follows that definition, found once by its
 qualified name in TO's file, even when its code changed: the reference
 moves and is reported for review (`changed`), as the message's words about
 it may no longer hold. A message line that names a release (`in 0.31.0`) is
-about that release and is not touched; nor is a reference to a file outside
-vLLM's package (LMCache, upstream's tests).
+about that release and is not touched. A reference to upstream's tests
+(`tests/...`, shipped in the sdist, not the wheel) moves the same way when
+both releases' sources are at hand (`with_upstream_tests`); one to a file
+outside both (LMCache) is left alone.
 """
 
 import ast
@@ -29,8 +31,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay.series.model import PACKAGE_DIR
-from vllm_overlay.upstream.fetch import wheel_members
+from vllm_overlay.series.model import PACKAGE_DIR, TESTS_DIR
+from vllm_overlay.upstream.fetch import wheel_members, wheel_names
 
 # `dir/file.py:12`, `file.py:12-15`, or a bare `:12` starting a line or after a
 # space, `(` or `,`.
@@ -63,6 +65,36 @@ def wheel_reader(wheel: Path) -> FileReader:
     return lambda path: wheel_members(wheel, [path]).get(path, b"")
 
 
+def with_upstream_tests(reader: FileReader, sources: Path | None) -> FileReader:
+    """`reader`, with upstream's tests (`tests/...`) read from the release's
+    unpacked sdist `sources` (b"" when it lacks one, or there are none)."""
+
+    def read(path: str) -> bytes:
+        if not path.startswith(TESTS_DIR):
+            return reader(path)
+        file = sources / path if sources is not None else None
+        return file.read_bytes() if file is not None and file.is_file() else b""
+
+    return read
+
+
+def release_files(wheel: Path, sources: Path | None) -> tuple[list[str], FileReader]:
+    """The files of a release a message may cite, and their reader: its
+    wheel's, and upstream's tests from its unpacked sdist `sources`, if any."""
+    reader = with_upstream_tests(wheel_reader(wheel), sources)
+    return [*wheel_names(wheel), *upstream_test_files(sources)], reader
+
+
+def upstream_test_files(sources: Path | None) -> list[str]:
+    """The Python files of upstream's tests in a release's unpacked sdist."""
+    if sources is None:
+        return []
+    return sorted(
+        path.relative_to(sources).as_posix()
+        for path in (sources / TESTS_DIR).rglob("*.py")
+    )
+
+
 def retarget_series(
     exported: Mapping[str, bytes],
     python_files: list[str],
@@ -85,7 +117,7 @@ def retarget_series(
     python_files = [
         name
         for name in python_files
-        if name.startswith(PACKAGE_DIR) and name.endswith(".py")
+        if name.startswith((PACKAGE_DIR, TESTS_DIR)) and name.endswith(".py")
     ]
     out, references = {}, []
     for name, data in exported.items():
@@ -136,10 +168,14 @@ class _Mover:
     def _move(self, match: re.Match[str]) -> str:
         cited = match.group(0)
         if match.group("path"):
+            # Upstream's tests are cited by their whole path (`tests/...`),
+            # so that a short path means vLLM's package as before.
+            tests = match["path"].startswith(TESTS_DIR)
             candidates = [
                 f
                 for f in self.python_files
-                if f == match["path"] or f.endswith(f"/{match['path']}")
+                if f.startswith(TESTS_DIR) == tests
+                and (f == match["path"] or f.endswith(f"/{match['path']}"))
             ]
             self.current = self._choose(candidates)
             if self.current is None:
