@@ -50,6 +50,7 @@ from vllm_overlay.doctor.rules_speculative import (
 )
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.runtime.installed import installed_vllm
+from vllm_overlay.series.facts import forced_sd_checks
 from vllm_overlay.series.manifest import (
     MANIFEST_PATH,
     installed_vllm_dir,
@@ -170,22 +171,14 @@ def test_hybrid_model_with_nixl_keeps_hma_but_needs_nixl(models):
     assert "uses mamba_cache_mode align" in texts(report, Severity.INFO)
 
 
-# The check after which a pinned release's CPU platform sets the conv state
-# layout SD whatever the user set (`installed_sources.conv_state_forced_sd`):
-# 0.22.1's platforms/cpu.py:229-231, 0.30.0's :403-404.
-FORCED_SD_CHECK = {
-    "0.22.1": "_is_amx_tile_supported",
-    "0.30.0": "_is_avx512_bf16_supported",
-}
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU platform's gap")
 def test_a_hybrid_with_nixl_is_refused_where_the_cpu_platform_forces_sd(models):
     """Whatever this host's CPU: the check is read from the installed files,
     and the finding is given exactly where torch says the host passes it."""
     report = judged(models["qwen3.5"], *kv("NixlConnector"))
     launch = report.facts.launch
-    check = FORCED_SD_CHECK.get(installed_vllm().release)
+    # Read from the release's file by hand, and kept in the release facts.
+    check = forced_sd_checks().get(installed_vllm().release)
     assert launch.conv_state_forced_sd == check
     host = None if check is None else bool(getattr(torch.cpu, check)())
     assert launch.host_forces_sd is host

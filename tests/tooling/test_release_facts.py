@@ -15,6 +15,7 @@ from vllm_overlay.series.facts import (
     FACTS_FILE,
     e2e_release,
     environment_facts,
+    forced_sd_checks,
     gdn_hybrid,
     pd_core_cases,
     pinned_as_tested_line,
@@ -23,6 +24,7 @@ from vllm_overlay.series.facts import (
     upstream_test_files,
 )
 from vllm_overlay.series.pins import load_pins
+from vllm_overlay.track.release_facts import forced_sd_line
 
 REPO_PATCHES = REPO_ROOT / "patches"
 
@@ -248,3 +250,36 @@ def test_a_bad_stand_in_file_is_one_line_naming_it(tmp_path, edit, message):
     path = tmp_path / "hf-standins.json"
     path.write_text(json.dumps(data))
     assert error_of(lambda: load_standins(path), message).startswith(f"{path}: ")
+
+
+def cpu_platform(tmp_path, text: str):
+    """A release's sources holding `text` as vllm/platforms/cpu.py."""
+    (tmp_path / "vllm" / "platforms").mkdir(parents=True)
+    (tmp_path / "vllm" / "platforms" / "cpu.py").write_text(text)
+    return tmp_path
+
+
+FORCES_SD = (
+    "def check_and_update_config(cls):\n"
+    "    if torch.cpu.{check}():\n"
+    '        os.environ["VLLM_SSM_CONV_STATE_LAYOUT"] = "SD"\n'
+)
+
+
+def test_the_forced_sd_check_a_release_has_is_recorded_or_named(root, tmp_path):
+    """`rebase` shows the check (with its line) a new release's CPU platform
+    forces the SD layout after, unless the facts record it; a recorded
+    check its sources lack is named too."""
+    assert forced_sd_checks(REPO_PATCHES)["0.30.0"] == "_is_avx512_bf16_supported"
+    forced = cpu_platform(tmp_path / "a", FORCES_SD.format(check="_is_new"))
+    (line,) = forced_sd_line("0.33.0", forced, root)
+    assert "vllm/platforms/cpu.py:2 sets the conv state layout SD after" in line
+    assert 'record "0.33.0" = "_is_new" under [forced_sd_check]' in line
+    edit_facts(root, lambda d: d["forced_sd_check"].update({"0.33.0": "_is_new"}))
+    assert forced_sd_line("0.33.0", forced, root) == []
+    nothing = cpu_platform(tmp_path / "b", "def check_and_update_config(cls): ...\n")
+    assert forced_sd_line("0.34.0", nothing, root) == []
+    (line,) = forced_sd_line("0.30.0", nothing, root)
+    assert "records _is_avx512_bf16_supported for 0.30.0" in line
+    edit_facts(root, lambda d: d["forced_sd_check"].update({"9.9.9": "_is_x"}))
+    error_of(lambda: forced_sd_checks(root), "names 9.9.9, which is not pinned")

@@ -97,9 +97,15 @@ def conv_state_forced_sd() -> str | None:
     AMX tiles (:229-231); from 0.31.0 the platform sets DS for NIXL unless
     the user chose (`if conv_state_layout_env not in os.environ`)."""
     source = _source(CPU_PLATFORM)
-    if source is None:
-        return None
-    found: list[str] = []
+    found = None if source is None else forced_sd_check_in(source)
+    return None if found is None else found[0]
+
+
+def forced_sd_check_in(source: str) -> tuple[str, int] | None:
+    """In the text of a release's platforms/cpu.py, the `torch.cpu` check
+    after which it forces the SD layout whatever the user set, and its line
+    (`conv_state_forced_sd`); None: there is none."""
+    found: list[tuple[str, int]] = []
 
     def visit(node: ast.AST, guarded: bool) -> None:
         if isinstance(node, ast.If):
@@ -111,7 +117,7 @@ def conv_state_forced_sd() -> str | None:
                 and ast.unparse(check.value) == "torch.cpu"
                 and any(_sets_sd(statement) for statement in node.body)
             ):
-                found.append(check.attr)
+                found.append((check.attr, node.lineno))
         for child in ast.iter_child_nodes(node):
             visit(child, guarded)
 

@@ -110,6 +110,28 @@ def triton_cpu_standin_args(release: str, root: Path | None = None) -> list[str]
     return []
 
 
+def forced_sd_checks(root: Path | None = None) -> dict[str, str]:
+    """Pinned release -> the `torch.cpu` check after which its CPU platform
+    forces the SD conv state layout, as read from its sources by hand (the
+    `[forced_sd_check]` table); a release not named forces nothing."""
+    root = root or patches_root()
+    where = root / FACTS_FILE
+    table = _facts(root).get("forced_sd_check", {})
+    if not isinstance(table, dict) or not all(
+        isinstance(check, str) for check in table.values()
+    ):
+        raise OverlayError(
+            f"{where}: forced_sd_check must be a table of releases to torch.cpu "
+            "check names"
+        )
+    unknown = sorted(set(table) - set(load_pins(root / PINS_FILE)))
+    if unknown:
+        raise OverlayError(
+            f"{where}: forced_sd_check names {', '.join(unknown)}, which is not pinned"
+        )
+    return dict(table)
+
+
 def gdn_hybrid(release: str, root: Path | None = None) -> str:
     """The tiny Gated DeltaNet hybrid (a model of `ci/fixtures/tiny_model.py`) that
     the end-to-end runs serve on `release`."""

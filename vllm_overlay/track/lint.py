@@ -50,7 +50,12 @@ from vllm_overlay.series.deselections import (
     UPSTREAM_DESELECTIONS_FILE,
     load_deselections,
 )
-from vllm_overlay.series.facts import FACTS_FILE, since_problems
+from vllm_overlay.series.facts import (
+    FACTS_FILE,
+    forced_sd_checks,
+    since_problems,
+    triton_cpu_standin_releases,
+)
 from vllm_overlay.series.loader import load_series
 from vllm_overlay.series.model import (
     PACKAGE_DIR,
@@ -410,6 +415,11 @@ def release_facts(checkout: Checkout) -> list[str]:
             problems += since_problems(checkout.patches_root, sources)
         except OverlayError as exc:
             problems.append(str(exc))
+        for read in (forced_sd_checks, triton_cpu_standin_releases):
+            try:
+                read(checkout.patches_root)
+            except OverlayError as exc:
+                problems.append(str(exc))
     else:
         _skipped("the release facts' `since`", f"{facts} does not exist")
     for name in (UPSTREAM_DESELECTIONS_FILE, OUR_DESELECTIONS_FILE):

@@ -13,17 +13,21 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from vllm_overlay.doctor.installed_sources import forced_sd_check_in
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.series.facts import (
     FACTS_FILE,
     environment_facts,
+    forced_sd_checks,
     since_findings,
     upstream_tests,
     write_since,
 )
 from vllm_overlay.series.pins import load_pins
 from vllm_overlay.upstream.fetch import cached_sdist_tree
+
+CPU_PLATFORM_FILE = "vllm/platforms/cpu.py"
 
 
 def facts_after_pin(version: str, root: Path | None = None) -> list[str]:
@@ -89,8 +93,43 @@ def settle_facts_after_rebase(
             f"not checked: vLLM {version}'s sources are not cached; "
             f"`vllm-overlay lint` checks them after `tools/test.sh {version}`"
         ]
-    nixl = nixl_pin_line(version, sources[version], patches_root)
-    return [*_settle_since(version, patches_root, sources), *nixl]
+    tree = sources[version]
+    return [
+        *_settle_since(version, patches_root, sources),
+        *nixl_pin_line(version, tree, patches_root),
+        *forced_sd_line(version, tree, patches_root),
+    ]
+
+
+def forced_sd_line(version: str, tree: Path, patches_root: Path) -> list[str]:
+    """A line when the check after which `version`'s CPU platform forces the
+    SD conv state layout (its sources' vllm/platforms/cpu.py) is not the one
+    `[forced_sd_check]` records for it: the evidence, for the maintainer to
+    read and record (the runtime tests hold doctor to the record)."""
+    platform = tree / CPU_PLATFORM_FILE
+    found = (
+        forced_sd_check_in(platform.read_text(encoding="utf-8"))
+        if platform.is_file()
+        else None
+    )
+    try:
+        recorded = forced_sd_checks(patches_root).get(version)
+    except OverlayError as exc:
+        return [str(exc)]
+    if (found and found[0]) == recorded:
+        return []
+    table = f"[forced_sd_check] in patches/{FACTS_FILE.as_posix()}"
+    if found is None:
+        return [
+            f"{table} records {recorded} for {version}, whose "
+            f"{CPU_PLATFORM_FILE} forces no conv state layout: remove it"
+        ]
+    check, line = found
+    return [
+        f"vLLM {version}'s {CPU_PLATFORM_FILE}:{line} sets the conv state layout "
+        f"SD after torch.cpu.{check}() whatever the user set: read it, and record "
+        f'"{version}" = "{check}" under {table}'
+    ]
 
 
 def nixl_pin_line(version: str, tree: Path, patches_root: Path) -> list[str]:
