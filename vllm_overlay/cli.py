@@ -315,7 +315,12 @@ def _report_rebase(outcome: RebaseOutcome) -> None:
         f"`vllm-overlay pin --bump {outcome.to_release}`"
     )
     for ref in outcome.references:
-        if ref.changed:
+        if ref.prose:
+            print(
+                f"prose    {ref.patch}: names {ref.prose}, the series' release: "
+                f"{ref.cited!r}; check that it holds on {outcome.to_release}"
+            )
+        elif ref.changed:
             print(
                 f"moved    {ref.patch}: {ref.cited} -> {ref.moved_to}: {ref.changed}, "
                 "whose code changed; check what the message says of it"

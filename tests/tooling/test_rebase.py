@@ -125,6 +125,12 @@ def test_the_messages_line_references_follow_the_code(checkout, capsys):
         f"`vllm-overlay pin --bump {TO}`\n"
         f"moved    {PATCH}: :21 -> :26\n"
     ) in out
+    # A line naming the series' own release may no longer hold on TO.
+    assert (
+        f"prose    {PATCH}: names {RELEASE}, the series' release: "
+        f'"`scheduler.py:22` as {RELEASE} has it; `lmcache/x.py:3` is LMCache\'s."; '
+        f"check that it holds on {TO}\n"
+    ) in out
     text = (target_dir(checkout) / PATCH).read_text()
     assert "Why: `sched/scheduler.py:22-24` holds it, and `scheduler.py:30`;\n" in text
     assert "\n:26 is the same file's;\n" in text

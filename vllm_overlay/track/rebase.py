@@ -430,7 +430,9 @@ def _finish(state: RebaseState, root: Path) -> RebaseOutcome:
             Path(state.to_wheel), cached_sdist_tree(pins[state.to_release], cache)
         )[1]
     )
-    exported, references = retarget_series(exported, files, old, new)
+    exported, references = retarget_series(
+        exported, files, old, new, state.from_release
+    )
     if state.out_dir:
         directory = Path(state.out_dir)
         write_series_dir(exported, state.to_release, directory)

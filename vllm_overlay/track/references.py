@@ -18,7 +18,9 @@ or `class` line to its last) follows that definition, found once by its
 qualified name in TO's file, even when its code changed: the reference
 moves and is reported for review (`changed`), as the message's words about
 it may no longer hold. A message line that names a release (`in 0.31.0`) is
-about that release and is not touched. A reference to upstream's tests
+about that release and is not touched; one that names the release the
+series was written for is reported (`prose`), as what it says of that
+release may not hold for the new one. A reference to upstream's tests
 (`tests/...`, shipped in the sdist, not the wheel) moves the same way when
 both releases' sources are at hand (`with_upstream_tests`); one to a file
 outside both (LMCache) is left alone.
@@ -54,6 +56,9 @@ class Reference:
     stale: str = ""
     # The definition a range followed although its code changed.
     changed: str = ""
+    # A line of prose naming this release, which the series was written for
+    # (`cited` holds the line): it may not hold for the new one.
+    prose: str = ""
 
 
 # The bytes of a file of the package by its path (b"" when absent).
@@ -100,11 +105,15 @@ def retarget_series(
     python_files: list[str],
     old: FileReader,
     new: FileReader,
+    from_release: str = "",
 ) -> tuple[dict[str, bytes], list[Reference]]:
     """`exported` (patch name -> format-patch bytes) with the references of
     every message moved from the lines of the release `old` reads (whose
     package files are `python_files`) to those of the one `new` reads;
-    every reference that moved or could not be moved."""
+    every reference that moved or could not be moved, and every line of
+    prose that names `from_release` (the series' own release: "carries that
+    behaviour to 0.31.0" in a series rebased from 0.31.0 no longer says
+    what its new release does), for the maintainer to check."""
 
     @functools.cache
     def lines(reader: FileReader, path: str) -> tuple[str, ...]:
@@ -124,6 +133,7 @@ def retarget_series(
         message, separator, rest = data.decode("utf-8").partition("\n---\n")
         mover = _Mover(
             name,
+            from_release,
             python_files,
             functools.partial(lines, old),
             functools.partial(lines, new),
@@ -143,6 +153,7 @@ class _Mover:
     def __init__(
         self,
         patch: str,
+        from_release: str,
         python_files: list[str],
         old_lines: Callable[[str], tuple[str, ...]],
         new_lines: Callable[[str], tuple[str, ...]],
@@ -150,6 +161,7 @@ class _Mover:
         new_definitions: Callable[[str], dict[tuple[int, int], str]],
     ) -> None:
         self.patch = patch
+        self.from_release = from_release
         self.python_files = python_files
         self.old_lines, self.new_lines = old_lines, new_lines
         self.old_definitions = old_definitions
@@ -159,6 +171,10 @@ class _Mover:
         self.references: list[Reference] = []
 
     def line(self, text: str) -> str:
+        if self.from_release in _RELEASE.findall(text):
+            self.references.append(
+                Reference(self.patch, text.strip(), prose=self.from_release)
+            )
         if _RELEASE.search(text):
             if _REFERENCE.search(text):
                 self.current = None
