@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from vllm_overlay import atomic
-from vllm_overlay.arguments import Parser
+from vllm_overlay.argparsing import Parser
 from vllm_overlay.errors import OverlayError, report_error
 from vllm_overlay.track.git_source import open_git_source
 from vllm_overlay.track.judging import PatchStatus, Verdict

@@ -27,6 +27,7 @@ STAGES = {
     "git": 0,
     "trees": 0,
     "dist_metadata": 0,
+    "argparsing": 0,
     # Written by setuptools-scm when the package is built or installed.
     "_version": 0,
     "series": 1,
