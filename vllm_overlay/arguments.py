@@ -229,7 +229,7 @@ def _verify(commands: Commands) -> argparse.ArgumentParser:
         commands,
         "verify",
         "say whether a patched wheel, or the installed vLLM, is exactly "
-        "upstream's pinned wheel plus this checkout's series (rebuilt here and "
+        "upstream's pinned wheel plus this vllm-overlay's series (rebuilt here and "
         "compared)",
     )
     what = verify.add_mutually_exclusive_group(required=True)

@@ -403,7 +403,7 @@ def _verify(args: argparse.Namespace) -> int:
     built_from = (
         f"its rebuild here from vLLM {check.release}'s {check.dist.value} wheel "
         f"{check.upstream} (sha256 {check.upstream_sha256}, pinned) patched by "
-        f"revision {check.revision} of this checkout's series"
+        f"revision {check.revision} of this vllm-overlay's series"
     )
     if check.identical:
         print(f"{check.wheel}: identical to {built_from}")

@@ -38,7 +38,7 @@ def test_a_wheel_rebuilt_the_same_is_identical_and_its_sha256_printed(built, cap
     code, out, err = run_cli(capsys, "verify", str(built))
     assert code == 0, err
     assert f"{built}: identical to its rebuild here from vLLM {RELEASE}'s vllm" in out
-    assert "patched by revision 1 of this checkout's series" in out
+    assert "patched by revision 1 of this vllm-overlay's series" in out
     assert out.splitlines()[-1].startswith("sha256 ")
 
 

