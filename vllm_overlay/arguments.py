@@ -248,8 +248,26 @@ def _verify(commands: Commands) -> argparse.ArgumentParser:
     return verify
 
 
+def _install(commands: Commands) -> argparse.ArgumentParser:
+    install = command(
+        commands,
+        "install",
+        "build the patched build of the installed vLLM here, from upstream's "
+        "pinned wheel and this vllm-overlay's series, and install it over it "
+        "(run with the Python that runs vLLM)",
+    )
+    install.add_argument(
+        "--revert", action="store_true", help="put upstream's wheel back instead"
+    )
+    install.add_argument(
+        "--dry-run", action="store_true", help="say what it would do; change nothing"
+    )
+    return install
+
+
 USER_COMMANDS: tuple[Callable[[Commands], argparse.ArgumentParser], ...] = (
     _build,
+    _install,
     _serve,
     _doctor,
     _verify,

