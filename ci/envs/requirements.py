@@ -25,6 +25,7 @@ from vllm_overlay.upstream.fetch import (
     sha256_of,
     unreadable_wheel,
 )
+from vllm_overlay.upstream.requirements import requirement_lines
 
 # lmcache and the two packages its vLLM adapter imports beyond vLLM's own
 # requirements, pinned by hash; installed without their dependencies, because
@@ -80,14 +81,7 @@ class WheelInfo:
 def tested_pin(path: Path, name: str) -> tuple[Version, int] | None:
     """The version the pinned requirements file `path` pins `name` to, and
     the line that pins it; None when it pins no single version of it."""
-    for number, raw in enumerate(read_text(path).splitlines(), start=1):
-        line = re.sub(r"(^|\s)(#|--hash=|\\$).*$", "", raw).strip()
-        if not line or line.startswith("-"):
-            continue
-        try:
-            req = Requirement(line)
-        except InvalidRequirement:
-            continue
+    for number, req in requirement_lines(read_text(path)):
         specs = list(req.specifier)
         if canonicalize_name(req.name) == name and [s.operator for s in specs] == [
             "=="

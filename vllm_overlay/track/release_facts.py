@@ -9,7 +9,6 @@ tell which.
 
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
@@ -26,6 +25,7 @@ from vllm_overlay.series.facts import (
 )
 from vllm_overlay.series.pins import load_pins
 from vllm_overlay.upstream.fetch import cached_sdist_tree
+from vllm_overlay.upstream.requirements import requirement_lines
 
 CPU_PLATFORM_FILE = "vllm/platforms/cpu.py"
 
@@ -166,14 +166,7 @@ def release_nixl_pin(tree: Path) -> tuple[str, str] | None:
     `nixl` line of its requirements/kv_connectors*.txt (the meta package;
     0.34.0 has the same pin in both files)."""
     for path in sorted((tree / "requirements").glob("kv_connectors*.txt")):
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            text = line.split("#", 1)[0].strip()
-            if not text or text.startswith("-"):
-                continue
-            try:
-                requirement = Requirement(text)
-            except InvalidRequirement:
-                continue
+        for number, requirement in requirement_lines(path.read_text()):
             if canonicalize_name(requirement.name) == "nixl":
                 return f"{path.relative_to(tree)}:{number}", str(requirement)
     return None

@@ -21,13 +21,13 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import PINS_FILE
 from vllm_overlay.series.pins import Dist, load_pins
+from vllm_overlay.upstream.requirements import requirement_lines
 
 WATCH_FILE = Path("vllm") / "release-watch.toml"
 # The index's JSON API (PyPI's); a test points it at files of its own.
@@ -192,23 +192,13 @@ def _pins_in(path: Path, package: str) -> set[Version]:
         raise OverlayError(
             f"no {path}, named in {WATCH_FILE} as pinning {package}"
         ) from None
-    versions = set()
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].split(" \\")[0].strip()
-        if not line or line.startswith("-"):
-            continue
-        try:
-            requirement = Requirement(line)
-        except InvalidRequirement:
-            continue
-        if canonicalize_name(requirement.name) != package:
-            continue
-        versions |= {
-            Version(spec.version)
-            for spec in requirement.specifier
-            if spec.operator == "=="
-        }
-    return versions
+    return {
+        Version(spec.version)
+        for _, requirement in requirement_lines(text)
+        if canonicalize_name(requirement.name) == package
+        for spec in requirement.specifier
+        if spec.operator == "=="
+    }
 
 
 def _version(where: Path, key: str, text: str) -> Version:
