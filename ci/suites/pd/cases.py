@@ -151,6 +151,18 @@ NO_AMX_DIM_FIRST = {
     "PYTHONPATH": str(Path(__file__).parent / "no_amx"),
     "VLLM_SSM_CONV_STATE_LAYOUT": "DS",
 }
+# The host of the bfloat16 hybrids' servers (HYBRID, MTP): no AMX tiles, for
+# vLLM (`ci/suites/pd/no_amx`: the attention backend it picks) and for oneDNN
+# (ONEDNN_MAX_CPU_ISA, its matmul kernels). On a CPU with AMX their kernels
+# round a request's logits otherwise as the batch around it changes: the
+# load runs' outputs parted from the unpatched run of the same P/D path in
+# 2 to 4 requests of 48, on every build and differently each run (2026-12-07,
+# 0.32.0, alone on the machine), where on CPUs without AMX no batch changed a
+# token. A host without AMX is unchanged by it.
+NO_AMX = {
+    "PYTHONPATH": str(Path(__file__).parent / "no_amx"),
+    "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+}
 # What upstream's start-up says when a connector without the hybrid KV cache
 # manager meets a hybrid model (v1/core/kv_cache_utils.py).
 UNIFY_REFUSAL = "Failed to promote local KV cache specs to one unified type"
@@ -210,7 +222,7 @@ def connector_name(config: dict[str, object]) -> str:
 
 
 CASES = (
-    Case("hybrid-nixl", HYBRID, NIXL, load=True),
+    Case("hybrid-nixl", HYBRID, NIXL, load=True, env=NO_AMX),
     Case(
         "hybrid-multi",
         HYBRID,
@@ -218,6 +230,7 @@ CASES = (
         builds=(UNPATCHED, PATCHED, DROP_IN),
         upstream="hybrid-nixl",
         load=True,
+        env=NO_AMX,
     ),
     Case(
         "hybrid-lmcache",
@@ -225,16 +238,18 @@ CASES = (
         multi(NIXL, LMCACHE),
         upstream="hybrid-nixl",
         upstream_refusal=UNIFY_REFUSAL,
+        env=NO_AMX,
     ),
     Case("dense-multi", DENSE, multi(NIXL, DECODE_BENCH), load=True),
     Case("mamba2-multi", MAMBA2, multi(NIXL, DECODE_BENCH), prefix_caching=False),
-    Case(MTP_NIXL, MTP, NIXL, prefix_caching=False, load=True),
+    Case(MTP_NIXL, MTP, NIXL, prefix_caching=False, load=True, env=NO_AMX),
     Case(
         MTP_MULTI,
         MTP,
         multi(NIXL, DECODE_BENCH),
         prefix_caching=False,
         upstream=MTP_NIXL,
+        env=NO_AMX,
     ),
 )
 # Case 6, for vLLM 0.22.1 only: not among the e2e release's cases.
