@@ -624,6 +624,13 @@ def test_decode_side_asks_as_the_engine_receives_a_request(
         "the engine received it: the question waits for the scheduler, whose "
         "first attempt then finds no answer"
     )
+    # The listener records the promise before its answer travels back: wait
+    # (bounded) for the answer to reach the decode side too, as it has by
+    # the scheduler's first attempt when the engine's step outlasts a round
+    # trip; a busy host otherwise lets the attempt run in between.
+    connector: Any = decode.connector
+    asked = (connector.connector_scheduler._asked_on_receipt or {})[DECODE_REQUEST]
+    asked[1].answer.result(timeout=MAX_STEPS * STEP_S)
     decode.add_request(request)
     decode.schedule()
     assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS, (

@@ -20,7 +20,6 @@ from ci.suites.pd.cases import (
     CASES,
     HYBRID,
     MTP,
-    NO_AMX,
     UNIFY_REFUSAL,
     Run,
     cases_named,
@@ -29,6 +28,7 @@ from ci.suites.pd.cases import (
     connector_name,
 )
 from ci.suites.pd.completions import Completion, compare, make_prompts, parse_completion
+from ci.suites.pd.hosts import NO_AMX
 from ci.suites.pd.metrics import DecodeCounts, decode_counts, metric_sum, parse_metrics
 from ci.suites.pd.pair import DROP_IN, PATCHED, UNPATCHED, Layout, Pair, serve_command
 from vllm_overlay.errors import OverlayError

@@ -60,7 +60,7 @@ other layout on a CPU with AMX tiles (`VLLM_SSM_CONV_STATE_LAYOUT=SD`,
 vllm/platforms/cpu.py:229-231, whatever the user set) and turns prefix
 caching off there for linear attention (:150-162). Machines of this kind
 differ in AMX, so case 6 pins the host: its servers see no AMX tiles
-(`ci/suites/pd/no_amx/sitecustomize.py`) and store the conv state dim-first, as a
+(`NO_AMX_DIM_FIRST` in `ci/suites/pd/hosts.py`) and store the conv state dim-first, as a
 user on a CPU without AMX runs them (setting DS, as the refusal says). On a
 CPU with AMX a user cannot run a 0.22.1 hybrid over NIXL at all. Prefix
 caching stays off: on 0.22.1 a Gated DeltaNet hybrid caches only in
@@ -83,9 +83,9 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ci.suites.pd.completions import Completion, compare
+from ci.suites.pd.hosts import NO_AMX, NO_AMX_DIM_FIRST
 from ci.suites.pd.metrics import DecodeCounts
 from ci.suites.pd.pair import DROP_IN, NIXL, PATCHED, UNPATCHED
 from vllm_overlay.errors import OverlayError
@@ -144,24 +144,6 @@ DECODE_BENCH: dict[str, object] = {
 LMCACHE: dict[str, object] = {
     "kv_connector": "LMCacheConnectorV1",
     "kv_role": "kv_both",
-}
-# The host of case 6's servers (see the module docstring): no AMX tiles, the
-# conv state dim-first.
-NO_AMX_DIM_FIRST = {
-    "PYTHONPATH": str(Path(__file__).parent / "no_amx"),
-    "VLLM_SSM_CONV_STATE_LAYOUT": "DS",
-}
-# The host of the bfloat16 hybrids' servers (HYBRID, MTP): no AMX tiles, for
-# vLLM (`ci/suites/pd/no_amx`: the attention backend it picks) and for oneDNN
-# (ONEDNN_MAX_CPU_ISA, its matmul kernels). On a CPU with AMX their kernels
-# round a request's logits otherwise as the batch around it changes: the
-# load runs' outputs parted from the unpatched run of the same P/D path in
-# 2 to 4 requests of 48, on every build and differently each run (2026-12-07,
-# 0.32.0, alone on the machine), where on CPUs without AMX no batch changed a
-# token. A host without AMX is unchanged by it.
-NO_AMX = {
-    "PYTHONPATH": str(Path(__file__).parent / "no_amx"),
-    "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
 }
 # What upstream's start-up says when a connector without the hybrid KV cache
 # manager meets a hybrid model (v1/core/kv_cache_utils.py).
