@@ -1,5 +1,6 @@
 """Hides a CPU's AMX tiles from vLLM: the host pin of the P/D cases that
-serve a Gated DeltaNet hybrid over NIXL on vLLM 0.22.1 (`ci/suites/pd/cases.py`).
+serve a Gated DeltaNet hybrid over NIXL (`ci/suites/pd/hosts.py` says which,
+and why; below, what it changes on vLLM 0.22.1).
 
 Python runs this module at start-up when its directory is on PYTHONPATH, as
 it is in those servers' environments, and their spawned engine cores
