@@ -9,7 +9,6 @@ carries), and compare. A build of another revision is refused, not compared:
 its series is in the vllm-overlay of the tag that published it.
 """
 
-import hashlib
 import re
 import tempfile
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from vllm_overlay.upstream.fetch import (
     sha256_of,
     unreadable_wheel,
 )
+from vllm_overlay.upstream.record import record_hash
 from vllm_overlay.wheel.builder import build_patched_wheel
 
 # Files an installer writes into the dist-info, which no wheel holds as
@@ -109,7 +109,7 @@ def verify_installed(cache: Path | None = None) -> WheelCheck:
         build = _rebuild(what, installed.version, tags, Path(scratch), cache)
         with open_wheel(build.wheel) as rebuilt:
             expected = {
-                name: _digest(rebuilt.read(name))
+                name: record_hash(rebuilt.read(name))
                 for name in rebuilt.namelist()
                 if name.rsplit("/", 1)[-1] not in INSTALL_TIME_FILES
             }
@@ -118,7 +118,7 @@ def verify_installed(cache: Path | None = None) -> WheelCheck:
         path = root / name
         if not path.is_file():
             differences.append(f"{name}: missing")
-        elif _digest(path.read_bytes()) != digest:
+        elif record_hash(path.read_bytes()) != digest:
             differences.append(f"{name}: differs")
     differences += [
         f"{name}: not in the rebuilt wheel"
@@ -218,10 +218,6 @@ def _differing_members(wheel: Path, rebuilt: Path) -> tuple[str, ...]:
                     data = given.read(member)
                 except UNREADABLE as exc:
                     raise unreadable_wheel(wheel, exc) from None
-                if _digest(data) != _digest(expected.read(member)):
+                if record_hash(data) != record_hash(expected.read(member)):
                     found.append(f"{member}: differs")
     return tuple(found)
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
