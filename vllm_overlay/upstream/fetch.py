@@ -32,6 +32,10 @@ _UNREACHABLE = (
     "Max retries exceeded",
 )
 _NOT_FOUND = ("No matching distribution found", "Could not find a version")
+# pip's diagnostic code for a failed metadata step (pip/_internal/exceptions.py,
+# `MetadataGenerationFailed`). pip prepares metadata only once the archive is
+# unpacked whole, so this failure is the one that leaves a complete tree.
+_METADATA_FAILED = "metadata-generation-failed"
 
 
 def sha256_of(path: Path) -> str:
@@ -149,7 +153,7 @@ def fetch_sdist_tree(release: ReleasePin, cache: Path) -> Path:
         shutil.rmtree(target, ignore_errors=True)
         print(f"vllm-overlay: downloading {release.sdist.filename}", file=sys.stderr)
         with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
-            failure = pip_download(
+            run = pip_download(
                 f"vllm=={release.version}",
                 Path(tmp),
                 [
@@ -161,12 +165,14 @@ def fetch_sdist_tree(release: ReleasePin, cache: Path) -> Path:
                     str(Path(tmp) / "out"),
                 ],
                 sha256,
-            ).failure()
+            )
+            if not run.unpacked_whole:
+                raise OverlayError(
+                    run.failure() or f"pip did not unpack {release.sdist.filename}"
+                )
             trees = sorted(Path(tmp).glob("pip-download-*/vllm_*"))
             if len(trees) != 1 or not (trees[0] / "PKG-INFO").is_file():
-                raise OverlayError(
-                    failure or f"pip did not unpack {release.sdist.filename}"
-                )
+                raise OverlayError(f"pip did not unpack {release.sdist.filename}")
             if f"\nVersion: {release.version}\n" not in (
                 trees[0] / "PKG-INFO"
             ).read_text(encoding="utf-8", errors="replace"):
@@ -195,6 +201,13 @@ class PipRun:
     def not_found(self) -> bool:
         """Whether the index (or a mirror) had no file that fits."""
         return any(hint in self.output for hint in _NOT_FOUND)
+
+    @property
+    def unpacked_whole(self) -> bool:
+        """Whether pip got past unpacking an sdist: it succeeded, or only its
+        metadata step failed. Any other failure (a full disk, a broken
+        download) may leave a partial tree that must not be kept."""
+        return self.returncode == 0 or _METADATA_FAILED in self.output
 
     def failure(self) -> str | None:
         """None when pip succeeded, else one line saying why it did not."""
@@ -252,8 +265,13 @@ def pip_download(
 
 
 def last_error_line(output: str) -> str:
+    """The line of pip's output that says why it failed: its last `ERROR`
+    line, unless that only announces a traceback ("ERROR: Exception:"),
+    whose last line is the reason (a full disk, a dropped connection)."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("ERROR")]
+    if errors and errors[-1] == "ERROR: Exception:":
+        return lines[-1]
     return (errors or lines or ["no output"])[-1]
 
 
