@@ -36,7 +36,6 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +63,7 @@ from ci.suites.pytest_runs import (
 )
 from ci.suites.serve_e2e import RELEASE as SERVE_E2E_RELEASE
 from ci.suites.serve_e2e import run_serve_e2e
+from ci.suites.static_checks import static_checks
 from ci.suites.upstream_tests import (
     patch_upstream_tests,
     prepare_upstream_tests,
@@ -118,28 +118,6 @@ class Outcome:
     def counts(self) -> Counts:
         runs = (self.upstream, self.probes_patched, self.probes_unpatched, self.runtime)
         return sum((c for c in runs if c is not None), Counts())
-
-
-def static_checks(reports: Path) -> tuple[list[str], Counts]:
-    """Names of the failed checks, and the tooling tests' counts."""
-    python = sys.executable
-    tooling = reports / "tooling.xml"
-    with tempfile.TemporaryDirectory(prefix="vllm-overlay-site-") as site:
-        steps = {
-            "ruff check": [python, "-m", "ruff", "check", "."],
-            "ruff format": [python, "-m", "ruff", "format", "--check", "."],
-            "vllm-overlay lint": [python, "-m", "vllm_overlay", "lint"],
-            "PATCHES.md current": [python, "-m", "vllm_overlay", "table", "--check"],
-            # mkdocs.yml sets strict: a broken link or anchor, or a page left
-            # out of the nav, fails the build.
-            "docs build": [python, "-m", "mkdocs", "build", "--strict", "-d", site],
-            "tooling tests": [
-                *(python, "-m", "pytest", "tests/tooling", "-q"),
-                *("-p", "no:cacheprovider", "--junit-xml", str(tooling)),
-            ],
-        }
-        failed = [n for n, command in steps.items() if run(command, cwd=REPO_ROOT)]
-    return failed, junit_counts(tooling)
 
 
 INSTALLED_CHECK = """

@@ -50,7 +50,7 @@ from vllm_overlay.track.table import TABLE_FILE, render_table
 from vllm_overlay.track.verdicts import VERDICTS_FILE
 from vllm_overlay.track.watch import WATCH_FILE, new_releases
 from vllm_overlay.wheel.builder import build_release
-from vllm_overlay.wheel.index import SIMPLE_DIR, SUMS_FILE, write_index
+from vllm_overlay.wheel.index import LISTING_FILE, SIMPLE_DIR, SUMS_FILE, write_index
 from vllm_overlay.wheel.install import carry_out, plan_install
 from vllm_overlay.wheel.verify import verify_installed, verify_wheel
 
@@ -378,12 +378,17 @@ def _extract(args: argparse.Namespace) -> int:
 
 
 def _index(args: argparse.Namespace) -> int:
-    wheels = write_index(args.dist, args.out, args.wheel_url)
+    wheels = write_index(args.dist, args.out, args.wheel_url, args.earlier)
     projects = sorted({wheel.project for wheel in wheels})
     where = f"linked at {args.wheel_url}" if args.wheel_url else "copied beside"
+    wrote = [args.out / SUMS_FILE]
+    if args.wheel_url:
+        wrote.append(args.out / LISTING_FILE)
+    earlier = f", with the earlier releases' of {args.earlier}" if args.earlier else ""
     print(
         f"wrote {args.out / SIMPLE_DIR} ({len(wheels)} wheel(s) of "
-        f"{', '.join(projects)}, {where}) and {args.out / SUMS_FILE}"
+        f"{', '.join(projects)}, {where}{earlier}) and "
+        f"{' and '.join(str(path) for path in wrote)}"
     )
     return 0
 

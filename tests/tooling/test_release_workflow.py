@@ -1,5 +1,5 @@
 """`.github/workflows/release.yml` cannot run here, so its shape is checked:
-it builds what `python -m ci.pinned` derives from releases.toml (every pinned
+it builds what `python -m ci.workflow.pinned` derives from releases.toml (every pinned
 release from every pinned distribution, on every pinned architecture), makes
 an image of every pinned release, and attaches what the issue asks (SBOM,
 sums, attestations, the index on Pages). `ci.yml`'s GPU job takes its
@@ -13,7 +13,7 @@ import pytest
 import yaml
 from packaging.version import Version
 
-from ci.pinned import builds_here, main, release_matrix
+from ci.workflow.pinned import builds_here, main, release_matrix
 from vllm_overlay.locations import REPO_ROOT
 from vllm_overlay.series.loader import pinned_releases
 
@@ -62,10 +62,10 @@ def problems(workflow: dict) -> list[str]:
     jobs = workflow["jobs"]
     found += pins_job_problems(jobs)
     if not re.search(
-        r"^\s*python -m ci\.pinned build dist\s*$", runs(jobs["wheels"]), re.M
+        r"^\s*python -m ci\.workflow\.pinned build dist\s*$", runs(jobs["wheels"]), re.M
     ):
         found.append(
-            "does not build the pinned wheels with `python -m ci.pinned build`"
+            "does not build the pinned wheels with `python -m ci.workflow.pinned build`"
         )
     arches = {runner_arch(r) for r in jobs["wheels"]["strategy"]["matrix"]["runner"]}
     found += [f"builds no {arch} wheel" for arch in sorted(pinned_arches() - arches)]
@@ -92,8 +92,70 @@ def problems(workflow: dict) -> list[str]:
         r"\bvllm-overlay index release/dist site\b", runs(jobs["publish"])
     ):
         found.append("writes no index with vllm-overlay index")
-    if "gh release view" not in runs(jobs["publish"]):
-        found.append("does not check that the release's assets kept their names")
+    return found
+
+
+def needs(job: dict) -> list[str]:
+    said = job.get("needs", [])
+    return [said] if isinstance(said, str) else said
+
+
+# What the publish job runs, in this order: a draft, its assets downloaded
+# back and checked, the attestations verified, and only then the release
+# made public.
+PUBLISH_ORDER = (
+    "gh release create",
+    "--draft",
+    "python -m ci.workflow.release_assets",
+    "gh attestation verify",
+    "--draft=false",
+)
+
+
+def gate_problems(workflow: dict, ci: dict) -> list[str]:
+    """A tag publishes only a commit of main whose suite passed, through a
+    draft checked before it is public, and an index that forgets nothing."""
+    jobs = workflow["jobs"]
+    found = []
+    if "workflow_call" not in ci["on"]:
+        found.append("ci.yml cannot be called by the release workflow")
+    on_main = jobs.get("on-main", {"steps": []})
+    if "git merge-base --is-ancestor" not in runs(on_main):
+        found.append("does not check that the tag's commit is on main")
+    suite = jobs.get("suite", {})
+    if suite.get("uses") != "./.github/workflows/ci.yml" or "on-main" not in needs(
+        suite
+    ):
+        found.append("does not run ci.yml on the tag's commit once it is on main")
+    if "suite" not in needs(jobs["wheels"]):
+        found.append("builds before the suite passed")
+    publish = runs(jobs["publish"])
+    positions = [publish.find(text) for text in PUBLISH_ORDER]
+    if -1 in positions or positions != sorted(positions):
+        found.append("does not publish through a draft it checked first")
+    if "--earlier earlier" not in publish:
+        found.append("its index forgets the earlier releases")
+    found += [
+        f"job {name} does not wait for the release to be public"
+        for name in ("pages", "images")
+        if "publish" not in needs(jobs[name])
+    ]
+    return found
+
+
+def gpu_problems(ci: dict) -> list[str]:
+    """The GPU job runs only on a declared GPU runner, never a fork's code."""
+    gpu = ci["jobs"]["gpu"]
+    guard = " ".join(str(gpu.get("if", "")).split())
+    found = []
+    if gpu.get("runs-on") != "${{ fromJSON(vars.GPU_RUNNER_LABELS) }}" or (
+        "vars.GPU_RUNNER_LABELS != ''" not in guard
+    ):
+        found.append("the GPU job does not wait for a declared GPU runner")
+    if "github.event.pull_request.head.repo.full_name == github.repository" not in (
+        guard
+    ):
+        found.append("the GPU job runs a fork's pull request")
     return found
 
 
@@ -102,8 +164,8 @@ def pins_job_problems(jobs: dict) -> list[str]:
     pins = jobs.get("pins")
     if pins is None:
         return ["has no pins job"]
-    if "python -m ci.pinned releases" not in runs(pins):
-        return ["its pins job does not run `python -m ci.pinned releases`"]
+    if "python -m ci.workflow.pinned releases" not in runs(pins):
+        return ["its pins job does not run `python -m ci.workflow.pinned releases`"]
     return []
 
 
@@ -163,18 +225,51 @@ def test_pinned_releases_print_as_a_json_matrix(capsys):
     assert printed == sorted(pinned_releases(REPO_ROOT / "patches"), key=Version)
 
 
-def test_an_unchecked_asset_name_is_caught(tmp_path):
-    """GitHub may rename an asset (a `+` of a local version), which the
-    index links by the name it was sent with: the workflow must compare."""
+def test_a_tag_publishes_only_a_tested_commit_through_a_checked_draft():
+    assert gate_problems(load(WORKFLOW), load(CI_WORKFLOW)) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "caught"),
+    [
+        ("    needs: suite\n", "    needs: pins\n", "builds before the suite passed"),
+        (
+            "          python -m ci.workflow.release_assets",
+            "          true",
+            "does not publish through a draft it checked first",
+        ),
+        (" --draft --verify-tag", " --verify-tag", "does not publish through a draft"),
+        (
+            "    needs: [pins, publish]\n",
+            "    needs: [pins, wheels]\n",
+            "job images does not wait for the release to be public",
+        ),
+        (" --earlier earlier", "", "its index forgets the earlier releases"),
+        (
+            "git merge-base --is-ancestor",
+            "git log -1",
+            "does not check that the tag's commit is on main",
+        ),
+    ],
+)
+def test_a_gate_left_out_is_caught(tmp_path, old, new, caught):
     text = WORKFLOW.read_text(encoding="utf-8")
-    step = re.escape("      - name: Every asset kept the name the index links\n")
-    unchecked = re.sub(step + r"(.*\n)*?(?=      - )", "", text)
-    assert unchecked != text
+    assert text.count(old) == 1
     workflow = tmp_path / "release.yml"
-    workflow.write_text(unchecked)
-    assert problems(load(workflow)) == [
-        "does not check that the release's assets kept their names"
-    ]
+    workflow.write_text(text.replace(old, new))
+    found = gate_problems(load(workflow), load(CI_WORKFLOW))
+    assert found and all(caught in problem for problem in found), found
+
+
+def test_the_gpu_job_runs_only_on_a_declared_runner_and_never_for_a_fork(tmp_path):
+    assert gpu_problems(load(CI_WORKFLOW)) == []
+    text = CI_WORKFLOW.read_text(encoding="utf-8")
+    fork_guard = re.compile(r"\n\s*\|\| github\.event\.pull_request[^\n]*")
+    unguarded = fork_guard.sub(")", text, count=1)
+    assert unguarded != text
+    workflow = tmp_path / "ci.yml"
+    workflow.write_text(unguarded)
+    assert gpu_problems(load(workflow)) == ["the GPU job runs a fork's pull request"]
 
 
 def test_a_missing_platform_is_caught(tmp_path):

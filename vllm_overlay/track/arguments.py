@@ -229,7 +229,15 @@ def _index(commands: Commands) -> argparse.ArgumentParser:
         "--wheel-url",
         metavar="URL",
         help="link the wheels at URL/<file> instead of copying them into the "
-        "index (where they are hosted, e.g. a GitHub release's assets)",
+        "index (where they are hosted, e.g. a GitHub release's assets); "
+        "writes OUT_DIR/wheels.json, the listing of them",
+    )
+    index.add_argument(
+        "--earlier",
+        type=Path,
+        metavar="DIR",
+        help="a folder of earlier releases' wheels.json listings, saved as "
+        "<tag>.json: the index links their wheels too (needs --wheel-url)",
     )
     return index
 

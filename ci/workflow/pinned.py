@@ -4,11 +4,13 @@ release workflow's build list and image matrix and the GPU job's matrix among
 its hand edits).
 
 Usage:
-    python -m ci.pinned releases     # the pinned releases, a JSON array for a
-                                     # job matrix (`fromJSON`), oldest first
-    python -m ci.pinned build DIR    # every pinned release's patched wheels,
-                                     # from each distribution pinned for this
-                                     # machine's platform, into DIR
+    python -m ci.workflow.pinned releases   # the pinned releases, a JSON array
+                                            # for a job matrix (`fromJSON`),
+                                            # oldest first
+    python -m ci.workflow.pinned build DIR  # every pinned release's patched
+                                            # wheels, from each distribution
+                                            # pinned for this machine's
+                                            # platform, into DIR
 """
 
 import argparse
