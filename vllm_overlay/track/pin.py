@@ -60,7 +60,13 @@ from vllm_overlay.series.pins import (
     resolve_release,
 )
 from vllm_overlay.upstream.applier import syntax_problem
-from vllm_overlay.upstream.fetch import PipRun, last_error_line, pip_download, sha256_of
+from vllm_overlay.upstream.fetch import (
+    PipRun,
+    last_error_line,
+    on_terminal,
+    pip_download,
+    sha256_of,
+)
 
 # The machines the patched builds serve on; a wheel for any other platform is
 # not pinned.
@@ -369,7 +375,10 @@ def _download_wheel(dist: str, version: str, arch: str, workdir: Path) -> Path |
     platforms = [arg for tag in platform_tags(arch) for arg in ("--platform", tag)]
     out = workdir / "out"
     run = pip_download(
-        requirement, workdir, ["--only-binary", ":all:", *platforms, "-d", str(out)]
+        requirement,
+        workdir,
+        ["--only-binary", ":all:", *platforms, "-d", str(out)],
+        progress=on_terminal(),
     )
     wheels = sorted(out.glob("*.whl"))
     if run.returncode == 0 and len(wheels) == 1:

@@ -63,6 +63,7 @@ from vllm_overlay.upstream.fetch import (
     fetch_sdist_tree,
     fetch_wheel,
     last_error_line,
+    on_terminal,
     pip_download,
     wheel_members,
 )
@@ -245,7 +246,10 @@ def _pip_download_wheel(version: str, directory: Path) -> Path:
     into `directory/out`."""
     out = directory / "out"
     run = pip_download(
-        f"vllm=={version}", directory, ["--only-binary", ":all:", "-d", str(out)]
+        f"vllm=={version}",
+        directory,
+        ["--only-binary", ":all:", "-d", str(out)],
+        progress=on_terminal(),
     )
     wheels = sorted(out.glob("vllm-*.whl"))
     if run.returncode != 0 or len(wheels) != 1:

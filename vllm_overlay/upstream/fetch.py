@@ -8,6 +8,8 @@ is trusted only while its hash still matches the pin.
 
 import hashlib
 import os
+import pty
+import re
 import shutil
 import subprocess
 import sys
@@ -112,6 +114,7 @@ def fetch_wheel(release: ReleasePin, dist: Dist, cache: Path) -> SourceWheel:
                 Path(tmp),
                 ["--only-binary", ":all:", "-d", str(Path(tmp) / "out")],
                 wheel.sha256,
+                progress=on_terminal(),
             ).failure()
             if failure:
                 raise OverlayError(failure)
@@ -229,6 +232,7 @@ def pip_download(
     sha256: str | None = None,
     *,
     hash_checking: bool = False,
+    progress: bool = False,
 ) -> PipRun:
     """Run `pip download --no-deps` for one requirement, its temporary files
     in `workdir` (pip leaves an unpacked sdist there with `--no-clean`).
@@ -237,31 +241,90 @@ def pip_download(
     raises at once. `hash_checking` without a hash is how a file's sha256 is
     learned when pip cannot keep the file (an sdist whose metadata step
     fails): pip downloads it, hashes it and reports the hash, keeping nothing.
+    With `progress` (a wheel download, where stderr is a terminal: see
+    `on_terminal`), pip's output, its progress bar included, is shown as it
+    runs; otherwise pip runs quiet, as in CI.
     """
     checking = sha256 is not None or hash_checking
     line = requirement + (f" --hash=sha256:{sha256}" if sha256 else "")
     requirements = workdir / "requirements.txt"
     requirements.write_text(line + "\n")
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "pip", "download", "--no-deps"),
-            *("--progress-bar", "off"),
-            *(["--require-hashes"] if checking else []),
-            *("-r", str(requirements)),
-            *options,
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, TMPDIR=str(workdir)),
-        check=False,
+    command = [
+        *(sys.executable, "-m", "pip", "download", "--no-deps"),
+        *("--progress-bar", "on" if progress else "off"),
+        *(["--require-hashes"] if checking else []),
+        *("-r", str(requirements)),
+        *options,
+    ]
+    env = dict(os.environ, TMPDIR=str(workdir))
+    returncode, output = (
+        shown_run(command, env) if progress else quiet_run(command, env)
     )
-    run = PipRun(requirement, proc.returncode, proc.stdout + proc.stderr)
+    run = PipRun(requirement, returncode, output)
     if sha256 and "DO NOT MATCH THE HASHES" in run.output:
         raise OverlayError(
             f"{requirement}: the downloaded file does not match the pinned sha256 "
             f"{sha256}; refusing to use it"
         )
     return run
+
+
+def on_terminal() -> bool:
+    """Whether a download may show its progress: stderr is a terminal."""
+    return sys.stderr.isatty()
+
+
+def quiet_run(command: Sequence[str], env: dict[str, str]) -> tuple[int, str]:
+    """`command`'s exit status and whole output, nothing shown."""
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def shown_run(command: Sequence[str], env: dict[str, str]) -> tuple[int, str]:
+    """`command`'s exit status and whole output, shown on stderr as it runs.
+
+    pip draws its progress bar only on a terminal, so it gets a
+    pseudo-terminal, whose output is echoed and kept; the kept text has the
+    bar's redraws and any terminal escapes removed, as `PipRun` reads it."""
+    controller, terminal = pty.openpty()
+    chunks = []
+    try:
+        with subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=terminal,
+            stderr=terminal,
+            env=dict(env, NO_COLOR="1"),
+        ) as proc:
+            os.close(terminal)
+            terminal = -1
+            while chunk := _read(controller):
+                chunks.append(chunk)
+                sys.stderr.buffer.write(chunk)
+                sys.stderr.flush()
+    finally:
+        os.close(controller)
+        if terminal != -1:
+            os.close(terminal)
+    text = b"".join(chunks).decode("utf-8", errors="replace")
+    # A terminal ends each line with CR LF; a CR inside one is a redraw.
+    lines = [
+        line.rstrip("\r").rsplit("\r", 1)[-1]
+        for line in _ESCAPES.sub("", text).split("\n")
+    ]
+    return proc.returncode, "\n".join(lines)
+
+
+_ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
+
+
+def _read(controller: int) -> bytes:
+    """The next output of a pseudo-terminal; empty once its last writer
+    closed it (Linux answers EIO then)."""
+    try:
+        return os.read(controller, 65536)
+    except OSError:
+        return b""
 
 
 def last_error_line(output: str) -> str:

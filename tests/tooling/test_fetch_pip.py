@@ -4,8 +4,14 @@ archive into `pip-download-*/vllm_*` under TMPDIR and then prepares metadata,
 which fails for vLLM (its build needs CUDA tooling), so every real run exits 1.
 A disk that fills while pip unpacks also exits non-zero and leaves a partial
 tree with PKG-INFO in it: CI once kept such a tree of 0.32.0 and then blamed
-the release facts for the upstream tests the tree lacked."""
+the release facts for the upstream tests the tree lacked.
 
+How pip is run: quiet, or on a terminal with its progress shown (a wheel
+download is hundreds of megabytes)."""
+
+import io
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,3 +85,35 @@ def test_a_tree_pip_could_not_finish_unpacking_is_not_kept(tmp_path, monkeypatch
 )
 def test_the_reason_pip_gives_is_the_line_reported(output, line):
     assert last_error_line(output) == line
+
+
+# A stand-in for pip's terminal output: it draws only on a terminal, redraws a
+# progress line with carriage returns, and colours its error line.
+DRAWS = (
+    "import sys\n"
+    "print('terminal' if sys.stdout.isatty() else 'pipe')\n"
+    "print('Downloading vllm.whl 10 MB\\r 50%\\r100%')\n"
+    "print('\\x1b[31mERROR: No matching distribution found for x\\x1b[0m')\n"
+    "sys.exit(3)\n"
+)
+
+
+def test_on_a_terminal_pip_draws_and_its_output_is_shown_and_kept(monkeypatch):
+    shown = io.BytesIO()
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(shown))
+    code, kept = fetch.shown_run([sys.executable, "-c", DRAWS], dict(os.environ))
+    sys.stderr.flush()
+    assert code == 3
+    assert kept.splitlines() == [
+        "terminal",
+        "100%",
+        "ERROR: No matching distribution found for x",
+    ]
+    assert b"\r 50%\r100%" in shown.getvalue()
+    assert last_error_line(kept) == "ERROR: No matching distribution found for x"
+
+
+def test_elsewhere_pip_runs_quiet(capfd):
+    code, kept = fetch.quiet_run([sys.executable, "-c", DRAWS], dict(os.environ))
+    assert (code, kept.splitlines()[0]) == (3, "pipe")
+    assert capfd.readouterr() == ("", "")
