@@ -36,7 +36,7 @@ from vllm_overlay.track.rebase import (
     start_rebase_onto_source,
 )
 from vllm_overlay.track.refresh import refresh
-from vllm_overlay.track.release_facts import facts_after_pin, settle_facts_after_rebase
+from vllm_overlay.track.release_facts import facts_after_pin, settle_new_release_facts
 from vllm_overlay.track.round_trip import refresh_check
 from vllm_overlay.track.status import (
     format_json,
@@ -110,7 +110,7 @@ def _pin(args: argparse.Namespace) -> int:
         for dist in dict.fromkeys(w.dist for w in pin.wheels)
     )
     print(f"pinned vLLM {pin.version}: the sdist and wheels of {dists}")
-    for line in facts_after_pin(pin.version):
+    for line in facts_after_pin(pin):
         print(line)
     return 0
 
@@ -299,7 +299,7 @@ def _report_facts(release: str) -> None:
     """The release facts a new pin needs, as its sources (cached by the
     rebase) tell, written where they decide it: what is left is not a
     failure of the rebase, as `lint` fails on it."""
-    for line in settle_facts_after_rebase(release, patches_root()):
+    for line in settle_new_release_facts(release, patches_root()):
         print(f"facts    {line}")
 
 

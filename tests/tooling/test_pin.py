@@ -36,14 +36,25 @@ X86 = "cp38-abi3-manylinux_2_28_x86_64.whl"
 ARM = "cp38-abi3-manylinux_2_28_aarch64.whl"
 
 
-def make_sdist(path: Path, version: str) -> Path:
+def make_sdist(
+    path: Path,
+    version: str,
+    files: tuple[str, ...] = (),
+    said: str | None = None,
+    contents: dict[str, str] | None = None,
+) -> Path:
     """An sdist whose build cannot even prepare its metadata here, as vLLM's
-    needs CUDA tooling."""
+    needs CUDA tooling, with `files` (empty) and `contents` (path -> text),
+    and PKG-INFO saying `said` (by default `version`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "w:gz") as archive:
         for name, text in {
             "setup.py": 'raise SystemExit("building vLLM needs CUDA")\n',
-            "PKG-INFO": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n",
+            "PKG-INFO": (
+                f"Metadata-Version: 2.1\nName: vllm\nVersion: {said or version}\n"
+            ),
+            **dict.fromkeys(files, ""),
+            **(contents or {}),
         }.items():
             data = text.encode()
             info = tarfile.TarInfo(f"vllm-{version}/{name}")
@@ -148,31 +159,76 @@ def write_facts(project, text: str = FACTS) -> Path:
     return path
 
 
-def test_pinning_an_older_release_names_the_facts_entries_it_affects(
+TWO_ENTRIES = (
+    "upstream_tests = [\n"
+    '  { path = "tests/v1/core/test_scheduler.py", since = "9.8.0" },\n'
+    f'  {{ path = "tests/v1/core/prefix_cache/", since = "{RELEASE}" }},\n'
+    "]\n\n" + NO_AS_TESTED
+)
+OLDER_SOURCES = ("tests/v1/core/test_scheduler.py", "tests/v1/core/prefix_cache/t.py")
+
+
+def test_pinning_an_older_release_settles_the_facts_entries_its_sources_decide(
     project, index, capsys
 ):
     """`since` names the first pinned release that has a file: pinning an
-    older one may make it wrong, which only its sources tell."""
-    make_sdist(index / "vllm-9.8.0.tar.gz", "9.8.0")
+    older one may make it wrong, which only its sources tell; `pin` fetches
+    them into the cache (the rebase and the suite read them next) and writes
+    what they decide."""
+    make_sdist(index / "vllm-9.8.0.tar.gz", "9.8.0", OLDER_SOURCES)
     make_wheel(index / f"vllm-9.8.0-{X86}", version="9.8.0")
-    write_facts(
-        project,
-        "upstream_tests = [\n"
-        '  { path = "tests/v1/core/test_scheduler.py", since = "9.8.0" },\n'
-        f'  {{ path = "tests/v1/core/prefix_cache/", since = "{RELEASE}" }},\n'
-        "]\n\n" + NO_AS_TESTED,
-    )
+    facts = write_facts(project, TWO_ENTRIES)
     code, out, err = run_cli(capsys, "pin", "9.8.0", "--dist", "vllm")
     assert code == 0, err
     assert out.splitlines()[1:] == [
+        f"{facts}: upstream_tests entry 2 (tests/v1/core/prefix_cache/, since "
+        f'{RELEASE}): vLLM 9.8.0\'s sources have it: wrote since = "9.8.0"',
+    ]
+    assert facts.read_text() == TWO_ENTRIES.replace(
+        f'prefix_cache/", since = "{RELEASE}"', 'prefix_cache/", since = "9.8.0"'
+    )
+    assert (project.cache / "sources" / "vllm-9.8.0" / OLDER_SOURCES[1]).is_file()
+
+
+def test_pin_names_the_nixl_the_new_release_pins(project, index, capsys):
+    """A new release's NIXL pin changed its connector's minimum before (0.33.0
+    refused 1.4.1): `pin` reads it from the sources and names the NIXL the
+    test environment takes, for the maintainer to decide."""
+    make_sdist(
+        index / "vllm-9.8.0.tar.gz",
+        "9.8.0",
+        contents={"requirements/kv_connectors.txt": "lmcache\nnixl==9.1.0\n"},
+    )
+    make_wheel(index / f"vllm-9.8.0-{X86}", version="9.8.0")
+    write_facts(project, TWO_ENTRIES)
+    code, out, err = run_cli(capsys, "pin", "9.8.0", "--dist", "vllm")
+    assert code == 0, err
+    assert out.splitlines()[-1] == (
+        "vLLM 9.8.0 pins nixl==9.1.0 (requirements/kv_connectors.txt:2); its test "
+        "environment takes the default NIXL (ci/envs/nixl-requirements.txt): name "
+        "a hash-pinned file under [test_env.nixl] in "
+        "patches/vllm/release-facts.toml if 9.8.0 refuses that NIXL"
+    )
+
+
+def test_without_the_sources_pin_names_the_entries_it_may_have_made_wrong(
+    project, index, capsys
+):
+    make_sdist(index / "vllm-9.8.0.tar.gz", "9.8.0", said="9.7.0")
+    make_wheel(index / f"vllm-9.8.0-{X86}", version="9.8.0")
+    write_facts(project, TWO_ENTRIES)
+    code, out, err = run_cli(capsys, "pin", "9.8.0", "--dist", "vllm")
+    assert code == 0, err
+    assert out.splitlines()[1:] == [
+        "not checked against vLLM 9.8.0's sources, which could not be fetched: "
+        "vllm-9.8.0.tar.gz unpacked to another version",
         "patches/vllm/release-facts.toml: the harness does not run these "
         "upstream_tests entries on 9.8.0, whose `since` is later:",
         f"  upstream_tests entry 2 (tests/v1/core/prefix_cache/, since {RELEASE})",
-        '`vllm-overlay rebase FROM 9.8.0` writes since = "9.8.0" into each one '
-        "whose file vLLM 9.8.0's sources have; `vllm-overlay lint` checks them "
-        "once the sources are cached",
+        '`vllm-overlay pin` or `rebase FROM 9.8.0` writes since = "9.8.0" into each '
+        "one whose file vLLM 9.8.0's sources have, once it can fetch them; "
+        "`vllm-overlay lint` checks them once they are cached",
     ]
-    assert run_cli(capsys, "pin", NEW, "--dist", "vllm")[1].count("\n") == 1
 
 
 def test_pin_decides_the_as_tested_packages_of_the_new_release(project, index, capsys):
@@ -222,8 +278,8 @@ def test_pinning_an_older_release_records_it_and_names_the_entries_it_affects(
 ):
     """One pin does both things with the release facts: the as-tested line
     it writes for the new release does not stand in for the `since` entries
-    the older release makes wrong, which it names too."""
-    make_sdist(index / "vllm-9.8.0.tar.gz", "9.8.0")
+    the older release's sources decide, which it writes too."""
+    make_sdist(index / "vllm-9.8.0.tar.gz", "9.8.0", OLDER_SOURCES[1:])
     make_wheel(index / f"vllm-9.8.0-{X86}", version="9.8.0")
     facts = write_facts(
         project,
@@ -233,10 +289,10 @@ def test_pinning_an_older_release_records_it_and_names_the_entries_it_affects(
     )
     code, out, err = run_cli(capsys, "pin", "9.8.0", "--dist", "vllm")
     assert code == 0, err
-    assert (
-        f"  upstream_tests entry 1 (tests/v1/core/prefix_cache/, since {RELEASE})"
-        in out.splitlines()
-    )
+    assert out.splitlines()[1:] == [
+        f"{facts}: upstream_tests entry 1 (tests/v1/core/prefix_cache/, since "
+        f'{RELEASE}): vLLM 9.8.0\'s sources have it: wrote since = "9.8.0"',
+    ]
     assert environment_facts(project.patches).pinned_as_tested["9.8.0"] == {
         "transformers"
     }

@@ -1,5 +1,7 @@
-"""The release facts a newly pinned release needs: what `pin` names, and
-what `rebase` writes once the release's sources are cached.
+"""The release facts a newly pinned release needs, as its sources tell:
+`pin` fetches them into the cache (the rebase and the suite read them next)
+and settles what they decide, saying what is left; `rebase` does the same
+once it has run.
 
 `upstream_tests` entries name the first pinned release that has each of
 upstream's test files (`series/facts.py`), so pinning a release older than
@@ -23,26 +25,45 @@ from vllm_overlay.series.facts import (
     upstream_tests,
     write_since,
 )
-from vllm_overlay.series.pins import load_pins
-from vllm_overlay.upstream.fetch import cached_sdist_tree
+from vllm_overlay.series.pins import ReleasePin, load_pins
+from vllm_overlay.upstream.fetch import cached_sdist_tree, fetch_sdist_tree
 from vllm_overlay.upstream.requirements import requirement_lines
 
 CPU_PLATFORM_FILE = "vllm/platforms/cpu.py"
 
 
-def facts_after_pin(version: str, root: Path | None = None) -> list[str]:
+def facts_after_pin(
+    pin: ReleasePin, root: Path | None = None, cache: Path | None = None
+) -> list[str]:
+    """What the release facts need for the newly pinned release `pin`: its
+    sources fetched into the cache, `settle_new_release_facts`' lines (the
+    NIXL it pins, the conv state layout its CPU platform forces, the
+    `upstream_tests` entries it decides, with the evidence for each). When
+    the sources cannot be fetched, that, and the entries pinning may have
+    made wrong (`later_since_lines`)."""
+    root = root or patches_root()
+    if not (root / FACTS_FILE).is_file():
+        return []
+    try:
+        fetch_sdist_tree(pin, cache or cache_root())
+    except OverlayError as exc:
+        return [
+            f"not checked against vLLM {pin.version}'s sources, which could not "
+            f"be fetched: {exc}",
+            *later_since_lines(pin.version, root),
+        ]
+    return settle_new_release_facts(pin.version, root, cache)
+
+
+def later_since_lines(version: str, root: Path) -> list[str]:
     """Lines naming the `upstream_tests` entries of the release facts whose
     `since` is later than the newly pinned `version`, or none.
 
     `since` names the first pinned release that has a file, so pinning an
     older release can make any of these wrong: those files the new release
-    has must now name it. Which ones it has is known only from its sources,
-    which `pin` does not keep; `settle_facts_after_rebase` writes them once
-    a rebase has cached them.
+    has must now name it. Which ones it has is known only from its sources;
+    `settle_new_release_facts` writes them once they are cached.
     """
-    root = root or patches_root()
-    if not (root / FACTS_FILE).is_file():
-        return []
     try:
         later = [
             test
@@ -57,19 +78,18 @@ def facts_after_pin(version: str, root: Path | None = None) -> list[str]:
         f"patches/{FACTS_FILE.as_posix()}: the harness does not run these "
         f"upstream_tests entries on {version}, whose `since` is later:",
         *(f"  {test}" for test in later),
-        f'`vllm-overlay rebase FROM {version}` writes since = "{version}" into '
-        f"each one whose file vLLM {version}'s sources have; `vllm-overlay lint` "
-        "checks them once the sources are cached",
+        f'`vllm-overlay pin` or `rebase FROM {version}` writes since = "{version}" '
+        f"into each one whose file vLLM {version}'s sources have, once it can "
+        "fetch them; `vllm-overlay lint` checks them once they are cached",
     ]
 
 
-def settle_facts_after_rebase(
+def settle_new_release_facts(
     version: str, patches_root: Path, cache: Path | None = None
 ) -> list[str]:
-    """Settle what the release facts' `upstream_tests` need for a newly
-    pinned `version`, as its cached sources tell (a rebase onto it has just
-    read them), as `facts_after_pin` names what pinning may have made
-    wrong; lines saying what was done and what is left.
+    """Settle what the release facts need for a newly pinned `version`, as
+    its cached sources tell (`pin` fetched them; a rebase onto it has just
+    read them): lines saying what was done and what is left.
 
     Of the problems `facts.since_findings` finds with those sources and not
     without them, the one the sources decide (an older pin whose sources
@@ -175,7 +195,7 @@ def release_nixl_pin(tree: Path) -> tuple[str, str] | None:
 def _settle_since(
     version: str, patches_root: Path, sources: dict[str, Path]
 ) -> list[str]:
-    """`settle_facts_after_rebase`'s `upstream_tests` part, with every
+    """`settle_new_release_facts`' `upstream_tests` part, with every
     pinned release's cached sources."""
     without = {release: tree for release, tree in sources.items() if release != version}
     try:
