@@ -66,6 +66,7 @@ from vllm_overlay.series.model import (
     series_dir,
 )
 from vllm_overlay.series.pins import ReleasePin, load_pins
+from vllm_overlay.track.attributes import missing_attributes, package_names
 from vllm_overlay.track.history import (
     HISTORY_FILE,
     history_changes,
@@ -347,12 +348,20 @@ def application_problems(checkout: Checkout) -> list[str]:
     """Each pinned release's series applied, zero fuzz and zero offset, to
     the release's sources in the cache (those the harness and `rebase`
     unpacked from the pinned sdist), and each module it changes reading no
-    global name the series leaves unbound (`names.py`); a release whose
-    sources are not cached is skipped, and said so."""
+    global name the series leaves unbound (`names.py`) and no attribute the
+    release defines nowhere while another pinned release does
+    (`attributes.py`, against the releases whose sources are cached); a
+    release whose sources are not cached is skipped, and said so."""
     patches_root, pins, cache = checkout.patches_root, checkout.pins, checkout.cache
+    trees = {
+        version: tree
+        for version, pin in pins.items()
+        if (tree := cached_sdist_tree(pin, cache)) is not None
+    }
+    defined = {version: package_names(tree) for version, tree in trees.items()}
     problems = []
     for version in sorted(pins, key=Version):
-        sources = cached_sdist_tree(pins[version], cache)
+        sources = trees.get(version)
         if sources is None:
             _skipped(
                 f"zero-fuzz application to vLLM {version}",
@@ -378,6 +387,14 @@ def application_problems(checkout: Checkout) -> list[str]:
                 unbound = new_unbound_names(name, originals.get(name), content)
                 if unbound is not None:
                     problems.append(f"vLLM {version}: {unbound}")
+            if tree == PACKAGE_DIR:
+                elsewhere = {r: n for r, n in defined.items() if r != version}
+                problems += [
+                    f"vLLM {version}: {line}"
+                    for line in missing_attributes(
+                        version, originals, patched, defined[version], elsewhere
+                    )
+                ]
     return problems
 
 
