@@ -77,7 +77,7 @@ from vllm_overlay.series.facts import FACTS_FILE, pd_core_cases, serve_e2e_relea
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.model import Series
 from vllm_overlay.series.pins import Dist
-from vllm_overlay.track.round_trip import check_round_trip
+from vllm_overlay.track.rebasing.round_trip import check_round_trip
 from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel
 from vllm_overlay.wheel.builder import build_release
 

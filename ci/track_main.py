@@ -37,9 +37,9 @@ from pathlib import Path
 from vllm_overlay import atomic
 from vllm_overlay.argparsing import Parser
 from vllm_overlay.errors import OverlayError, report_error
-from vllm_overlay.track.git_source import open_git_source
-from vllm_overlay.track.judging import PatchStatus, Verdict
-from vllm_overlay.track.status import status_at
+from vllm_overlay.track.status.judging import PatchStatus, Verdict
+from vllm_overlay.track.status.status import status_at
+from vllm_overlay.track.workspace.git_source import open_git_source
 
 LAST, GOOD = "last.json", "good.json"
 PROG = "python -m ci.track_main"

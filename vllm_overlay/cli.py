@@ -13,20 +13,15 @@ from vllm_overlay.errors import OverlayError, exit_status
 from vllm_overlay.locations import patches_root
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.pins import Dist
-from vllm_overlay.track.conflicts import format_conflicts
-from vllm_overlay.track.edit_tree import open_series, refresh_command
-from vllm_overlay.track.extract import extract
-from vllm_overlay.track.git_source import open_git_source
-from vllm_overlay.track.judging import Verdict
-from vllm_overlay.track.lint import lint, releases_without_sources
-from vllm_overlay.track.pin import bump_release, pin_release
-from vllm_overlay.track.probing import format_rebased
-from vllm_overlay.track.readme_table import (
-    README_FILE,
-    render_release_table,
-    with_release_table,
+from vllm_overlay.track.checks.lint import lint, releases_without_sources
+from vllm_overlay.track.pinning.pin import bump_release, pin_release
+from vllm_overlay.track.pinning.release_facts import (
+    facts_after_pin,
+    settle_new_release_facts,
 )
-from vllm_overlay.track.rebase import (
+from vllm_overlay.track.rebasing.conflicts import format_conflicts
+from vllm_overlay.track.rebasing.edit_tree import open_series, refresh_command
+from vllm_overlay.track.rebasing.rebase import (
     RebaseOutcome,
     abort_rebase,
     continue_rebase,
@@ -35,10 +30,18 @@ from vllm_overlay.track.rebase import (
     start_rebase,
     start_rebase_onto_source,
 )
-from vllm_overlay.track.refresh import refresh
-from vllm_overlay.track.release_facts import facts_after_pin, settle_new_release_facts
-from vllm_overlay.track.round_trip import refresh_check
-from vllm_overlay.track.status import (
+from vllm_overlay.track.rebasing.refresh import refresh
+from vllm_overlay.track.rebasing.round_trip import refresh_check
+from vllm_overlay.track.records.readme_table import (
+    README_FILE,
+    render_release_table,
+    with_release_table,
+)
+from vllm_overlay.track.records.table import TABLE_FILE, render_table
+from vllm_overlay.track.records.verdicts import VERDICTS_FILE
+from vllm_overlay.track.status.judging import Verdict
+from vllm_overlay.track.status.probing import format_rebased
+from vllm_overlay.track.status.status import (
     format_json,
     format_table,
     record_status,
@@ -46,9 +49,9 @@ from vllm_overlay.track.status import (
     status,
     status_at,
 )
-from vllm_overlay.track.table import TABLE_FILE, render_table
-from vllm_overlay.track.verdicts import VERDICTS_FILE
-from vllm_overlay.track.watch import WATCH_FILE, new_releases
+from vllm_overlay.track.status.watch import WATCH_FILE, new_releases
+from vllm_overlay.track.upstreaming.extract import extract
+from vllm_overlay.track.workspace.git_source import open_git_source
 from vllm_overlay.wheel.builder import build_release
 from vllm_overlay.wheel.index import LISTING_FILE, SIMPLE_DIR, SUMS_FILE, write_index
 from vllm_overlay.wheel.install import carry_out, plan_install

@@ -15,7 +15,7 @@ import pytest
 
 from vllm_overlay.cli import main
 from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
-from vllm_overlay.track.readme_table import (
+from vllm_overlay.track.records.readme_table import (
     BEGIN,
     END,
     README_FILE,

@@ -1,5 +1,5 @@
 """`lint` names an attribute the series reads that its release defines
-nowhere while another pinned release does (`track/attributes.py`): what a
+nowhere while another pinned release does (`track/checks/attributes.py`): what a
 replay onto an older release merged without a conflict
 (`connector_output.failed_recving`, a `KVConnectorOutput` field since
 0.30.0) and only reading found."""
@@ -9,14 +9,14 @@ import json
 from conftest import RELEASE, SCHEDULER, format_patch
 from test_lint import cache_sources
 
-from vllm_overlay.track import attributes
-from vllm_overlay.track.attributes import (
+from vllm_overlay.track.checks import attributes
+from vllm_overlay.track.checks.attributes import (
     DEFINED_FILE,
     defined_names,
     missing_attributes,
     package_names,
 )
-from vllm_overlay.track.lint import lint
+from vllm_overlay.track.checks.lint import lint
 
 MODULE = b"""
 import os.path as osp

@@ -8,8 +8,12 @@ import pytest
 from conftest import RELEASE, SCHEDULER, TRAILERS, run_cli
 
 from vllm_overlay.series.loader import release_series
-from vllm_overlay.track.lint import lint
-from vllm_overlay.track.scratch_tree import UPSTREAM_TAG, materialize, pristine_files
+from vllm_overlay.track.checks.lint import lint
+from vllm_overlay.track.workspace.scratch_tree import (
+    UPSTREAM_TAG,
+    materialize,
+    pristine_files,
+)
 
 PATCH = "scheduler-demo.patch"
 

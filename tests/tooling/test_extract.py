@@ -269,7 +269,9 @@ def test_stack_refusals_come_before_the_probes(ready, tmp_path, capsys, monkeypa
     def no_probes(*args):
         raise AssertionError("the probes ran before the refusal")
 
-    monkeypatch.setattr("vllm_overlay.track.extract.run_pristine", no_probes)
+    monkeypatch.setattr(
+        "vllm_overlay.track.upstreaming.extract.run_pristine", no_probes
+    )
     path = ready.series_dir / PATCH
     path.write_text(
         path.read_text().replace(

@@ -62,6 +62,7 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
     return {name for name in found if name in known}
 
 
+@cache
 def import_graph() -> dict[str, set[str]]:
     paths = {module_name(p): p for p in PACKAGE.rglob("*.py") if "boot" not in p.parts}
     return {
@@ -127,6 +128,46 @@ def test_a_cache_folder_spelled_outside_the_layout_is_found():
         "2: cache_root() / f'x-{y}'",
         "3: project.cache / 'wheels'",
     ]
+
+
+TRACK = PACKAGE / "track"
+# track/'s rooms, each with its rank, in the order of a maintainer's steps: a
+# module imports from its own room's rank and the ones before it.
+TRACK_RANKS = {
+    "records": 0,
+    "workspace": 0,
+    "status": 1,
+    "pinning": 1,
+    "rebasing": 2,
+    "checks": 2,
+    "upstreaming": 3,
+    "arguments": 4,
+}
+
+
+def track_rank(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[:2] != ["vllm_overlay", "track"] or len(parts) < 3:
+        return None
+    return TRACK_RANKS.get(parts[2])
+
+
+def test_track_is_in_rooms_named_after_the_maintainers_steps():
+    rooms = {
+        p.stem for p in TRACK.iterdir() if p.name not in ("__init__.py", "__pycache__")
+    }
+    assert rooms == set(TRACK_RANKS), sorted(rooms)
+    for room in rooms - {"arguments"}:
+        init = TRACK / room / "__init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))), room
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in import_graph() if m.startswith("vllm_overlay.track."))
+)
+def test_no_track_room_imports_a_later_one(module):
+    later = later_imports(import_graph(), track_rank, module)
+    assert not later, f"{module} (rank {track_rank(module)}) imports {later}"
 
 
 CI = PACKAGE.parent / "ci"

@@ -18,14 +18,14 @@ from conftest import (
 
 from vllm_overlay.series.deselections import UPSTREAM_DESELECTIONS_FILE
 from vllm_overlay.series.model import parse_patch
-from vllm_overlay.track.history import (
+from vllm_overlay.track.checks.lint import KEPT_FILE, lint
+from vllm_overlay.track.records.history import (
     HISTORY_FILE,
     DroppedPatch,
     append_history,
     read_history,
 )
-from vllm_overlay.track.lint import KEPT_FILE, lint
-from vllm_overlay.track.verdicts import read_verdicts, record_verdicts
+from vllm_overlay.track.records.verdicts import read_verdicts, record_verdicts
 
 DEMO_TEST = "tests/probes/test_demo.py"
 ENTRY = DroppedPatch(

@@ -1,10 +1,10 @@
-"""`track/names.py`: the global names a series makes a module read that the
+"""`track/checks/names.py`: the global names a series makes a module read that the
 module never binds, judged by Python's symbol tables against the unpatched
 file."""
 
 import pytest
 
-from vllm_overlay.track.names import Unjudged, new_unbound_names, unbound_globals
+from vllm_overlay.track.checks.names import Unjudged, new_unbound_names, unbound_globals
 
 NAME = "vllm/demo.py"
 

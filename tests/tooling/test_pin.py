@@ -28,8 +28,12 @@ from conftest import (
 
 from vllm_overlay.series.facts import FACTS_FILE, environment_facts
 from vllm_overlay.series.pins import load_pins
-from vllm_overlay.track.lint import lint
-from vllm_overlay.track.pin import as_tested_record, platform_tags, write_release
+from vllm_overlay.track.checks.lint import lint
+from vllm_overlay.track.pinning.pin import (
+    as_tested_record,
+    platform_tags,
+    write_release,
+)
 
 NEW = "9.10.0"
 X86 = "cp38-abi3-manylinux_2_28_x86_64.whl"

@@ -27,10 +27,10 @@ from test_lint import FACTS_TEST, OLDER, cache_release_sources, release_facts
 
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
-from vllm_overlay.track import probing
-from vllm_overlay.track.history import HISTORY_FILE, read_history
-from vllm_overlay.track.lint import lint
-from vllm_overlay.track.rebase import state_dir
+from vllm_overlay.track.checks.lint import lint
+from vllm_overlay.track.rebasing.rebase import state_dir
+from vllm_overlay.track.records.history import HISTORY_FILE, read_history
+from vllm_overlay.track.status import probing
 from vllm_overlay.upstream.applier import apply_series
 
 TO = "9.10.0"

@@ -1,7 +1,7 @@
 """How `rebase` moves a patch message's `path:line` references
-(`track/references.py`), on files held in memory."""
+(`track/rebasing/references.py`), on files held in memory."""
 
-from vllm_overlay.track.references import retarget_series
+from vllm_overlay.track.rebasing.references import retarget_series
 
 SCHED = "vllm/v1/core/sched/scheduler.py"
 OTHER = "vllm/other/scheduler.py"

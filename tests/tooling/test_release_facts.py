@@ -24,7 +24,7 @@ from vllm_overlay.series.facts import (
     upstream_test_files,
 )
 from vllm_overlay.series.pins import load_pins
-from vllm_overlay.track.release_facts import forced_sd_line
+from vllm_overlay.track.pinning.release_facts import forced_sd_line
 
 REPO_PATCHES = REPO_ROOT / "patches"
 

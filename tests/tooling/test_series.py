@@ -13,7 +13,7 @@ from vllm_overlay.errors import OverlayError
 from vllm_overlay.series.checks import probe_problem
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.model import parse_patch
-from vllm_overlay.track.lint import lint
+from vllm_overlay.track.checks.lint import lint
 
 REPO = Path(__file__).resolve().parents[2]
 

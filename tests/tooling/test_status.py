@@ -26,11 +26,11 @@ from conftest import (
 from vllm_overlay.cli import main
 from vllm_overlay.series.loader import nearest_release as nearest
 from vllm_overlay.series.pins import Artifact, ReleasePin
-from vllm_overlay.track import status as status_module
-from vllm_overlay.track.lint import lint
-from vllm_overlay.track.probing import probe_outcomes, probe_verdict
-from vllm_overlay.track.table import render_table
-from vllm_overlay.track.verdicts import VERDICTS_FILE, read_verdicts
+from vllm_overlay.track.checks.lint import lint
+from vllm_overlay.track.records.table import render_table
+from vllm_overlay.track.records.verdicts import VERDICTS_FILE, read_verdicts
+from vllm_overlay.track.status import status as status_module
+from vllm_overlay.track.status.probing import probe_outcomes, probe_verdict
 
 # A release pinned after 9.9.0 that has no series yet.
 NEXT = "9.10.0"

@@ -8,16 +8,16 @@ from vllm_overlay.series.facts import (
     serve_e2e_releases,
     triton_cpu_standin_releases,
 )
-from vllm_overlay.track.history import HISTORY_FILE
-from vllm_overlay.track.lint import lint
-from vllm_overlay.track.readme_table import (
+from vllm_overlay.track.checks.lint import lint
+from vllm_overlay.track.records.history import HISTORY_FILE
+from vllm_overlay.track.records.readme_table import (
     BEGIN,
     END,
     README_FILE,
     render_release_table,
     with_release_table,
 )
-from vllm_overlay.track.table import TABLE_FILE, render_table
+from vllm_overlay.track.records.table import TABLE_FILE, render_table
 
 REPO = Path(__file__).resolve().parents[2]
 

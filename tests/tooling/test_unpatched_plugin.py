@@ -7,7 +7,7 @@ import zipfile
 import pytest
 from conftest import sha256_file
 
-from vllm_overlay.track.probing import probe_outcomes
+from vllm_overlay.track.status.probing import probe_outcomes
 
 PROBES = """
 def test_sees_the_patch():

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import RELEASE, run_cli
 
-from vllm_overlay.track.lint import lint
-from vllm_overlay.track.watch import INDEX_JSON_ENV, WATCH_FILE
+from vllm_overlay.track.checks.lint import lint
+from vllm_overlay.track.status.watch import INDEX_JSON_ENV, WATCH_FILE
 
 TODAY = datetime.date.today()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vllm_overlay.argparsing import Commands, command, output_folder
 from vllm_overlay.series.pins import Dist
-from vllm_overlay.track.table import TABLE_FILE
+from vllm_overlay.track.records.table import TABLE_FILE
 
 # What `status` exits with, in its --help.
 STATUS_EXIT = (

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_overlay.series.model import TESTS_DIR, Patch, Series
-from vllm_overlay.track.probe_conversion import ConvertedTests
-from vllm_overlay.track.probing import FAILED
+from vllm_overlay.track.status.probing import FAILED
+from vllm_overlay.track.upstreaming.probe_conversion import ConvertedTests
 
 TEMPLATE = Path(".github") / "PULL_REQUEST_TEMPLATE.md"
 # The sections of a template that has none this module knows how to fill.

@@ -12,8 +12,8 @@ from vllm_overlay.locations import PINS_FILE
 from vllm_overlay.series.loader import load_series, nearest_series
 from vllm_overlay.series.model import has_series
 from vllm_overlay.series.pins import ReleasePin, load_pins
-from vllm_overlay.track.history import read_history
-from vllm_overlay.track.verdicts import read_verdicts, verdict_cell
+from vllm_overlay.track.records.history import read_history
+from vllm_overlay.track.records.verdicts import read_verdicts, verdict_cell
 
 TABLE_FILE = "PATCHES.md"
 HEADER = """# Patches

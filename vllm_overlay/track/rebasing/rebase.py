@@ -33,10 +33,9 @@ A TO older than FROM is allowed: it backports the series, and says so.
 TO may also be a commit of a vLLM git clone (`start_rebase_onto_source`,
 `--source PATH[@REF] --out DIR`): the same replay, its TO files read from the
 commit (`git_source.py`), the series written to the new directory DIR, and
-nothing pinned, recorded or appended to the history.
-
-A kept patch's message has its `path:line` references moved to TO's lines
-(`references.py`); those it cannot place are reported as stale.
+nothing pinned, recorded or appended to the history. A kept patch's message
+has its `path:line` references moved to TO's lines (`references.py`); those it
+cannot place are reported as stale.
 """
 
 import json
@@ -55,23 +54,24 @@ from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.series.loader import load_series, pinned_releases
 from vllm_overlay.series.model import Patch, Series, series_dir
 from vllm_overlay.series.pins import Dist, ReleasePin, resolve_release
-from vllm_overlay.track.conflicts import FileConflict, conflicts_in, format_conflicts
-from vllm_overlay.track.git_source import open_git_source
-from vllm_overlay.track.history import DroppedPatch, append_history
-from vllm_overlay.track.pin import record_series
-from vllm_overlay.track.probing import RebasedProbes, probe_rebased
-from vllm_overlay.track.references import (
+from vllm_overlay.track.pinning.pin import record_series
+from vllm_overlay.track.rebasing.conflicts import (
+    FileConflict,
+    conflicts_in,
+    format_conflicts,
+)
+from vllm_overlay.track.rebasing.references import (
     FileReader,
     Reference,
     release_files,
     retarget_series,
 )
-from vllm_overlay.track.refresh import (
+from vllm_overlay.track.rebasing.refresh import (
     export_series,
     write_exported,
     write_series_dir,
 )
-from vllm_overlay.track.replay import (
+from vllm_overlay.track.rebasing.replay import (
     TARGET_TAG,
     Picked,
     build_repo,
@@ -79,12 +79,11 @@ from vllm_overlay.track.replay import (
     commit_resolution,
     pick,
 )
-from vllm_overlay.track.scratch_tree import pristine_files
-from vllm_overlay.upstream.fetch import (
-    cached_sdist_tree,
-    fetch_sdist_tree,
-    fetch_wheel,
-)
+from vllm_overlay.track.records.history import DroppedPatch, append_history
+from vllm_overlay.track.status.probing import RebasedProbes, probe_rebased
+from vllm_overlay.track.workspace.git_source import open_git_source
+from vllm_overlay.track.workspace.scratch_tree import pristine_files
+from vllm_overlay.upstream.fetch import cached_sdist_tree, fetch_sdist_tree, fetch_wheel
 
 STATE_DIR = Path(".vllm-overlay") / "rebase"
 _STATE_FILE = "state.json"

@@ -53,12 +53,16 @@ from vllm_overlay.series.model import (
     has_series,
 )
 from vllm_overlay.series.pins import Dist, ReleasePin, find_pin, normalise_version
-from vllm_overlay.track.git_source import GitSource
-from vllm_overlay.track.judging import PatchStatus, check_release
-from vllm_overlay.track.probing import INCONCLUSIVE, no_environment, probe_verdicts
-from vllm_overlay.track.scratch_tree import pristine_files
-from vllm_overlay.track.table import TABLE_FILE, render_table
-from vllm_overlay.track.verdicts import record_verdicts
+from vllm_overlay.track.records.table import TABLE_FILE, render_table
+from vllm_overlay.track.records.verdicts import record_verdicts
+from vllm_overlay.track.status.judging import PatchStatus, check_release
+from vllm_overlay.track.status.probing import (
+    INCONCLUSIVE,
+    no_environment,
+    probe_verdicts,
+)
+from vllm_overlay.track.workspace.git_source import GitSource
+from vllm_overlay.track.workspace.scratch_tree import pristine_files
 from vllm_overlay.upstream.fetch import (
     fetch_sdist_tree,
     fetch_wheel,

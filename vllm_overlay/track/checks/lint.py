@@ -66,16 +66,20 @@ from vllm_overlay.series.model import (
     series_dir,
 )
 from vllm_overlay.series.pins import ReleasePin, load_pins
-from vllm_overlay.track.attributes import missing_attributes, package_names
-from vllm_overlay.track.history import (
+from vllm_overlay.track.checks.attributes import missing_attributes, package_names
+from vllm_overlay.track.checks.names import new_unbound_names
+from vllm_overlay.track.records.history import (
     HISTORY_FILE,
     history_changes,
     parse_history,
     read_history,
 )
-from vllm_overlay.track.names import new_unbound_names
-from vllm_overlay.track.verdicts import read_verdicts
-from vllm_overlay.track.watch import WATCH_FILE, pinned_versions, skipped_releases
+from vllm_overlay.track.records.verdicts import read_verdicts
+from vllm_overlay.track.status.watch import (
+    WATCH_FILE,
+    pinned_versions,
+    skipped_releases,
+)
 from vllm_overlay.upstream.applier import apply_series, syntax_problem
 from vllm_overlay.upstream.fetch import cached_sdist_tree
 

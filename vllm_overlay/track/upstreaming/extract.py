@@ -40,17 +40,20 @@ from vllm_overlay.series.model import (
     Series,
 )
 from vllm_overlay.series.pins import Dist
-from vllm_overlay.track.pr_text import Commit, pr_description
-from vllm_overlay.track.probe_conversion import ConvertedTests, convert_probes
-from vllm_overlay.track.probing import (
+from vllm_overlay.track.rebasing.refresh import format_patch_bytes
+from vllm_overlay.track.status.probing import (
     STILL_NEEDED,
     env_python,
     no_environment,
     probe_verdict,
     run_pristine,
 )
-from vllm_overlay.track.refresh import format_patch_bytes
-from vllm_overlay.track.scratch_tree import (
+from vllm_overlay.track.upstreaming.pr_text import Commit, pr_description
+from vllm_overlay.track.upstreaming.probe_conversion import (
+    ConvertedTests,
+    convert_probes,
+)
+from vllm_overlay.track.workspace.scratch_tree import (
     UPSTREAM_TAG,
     commit_identity,
     materialize,

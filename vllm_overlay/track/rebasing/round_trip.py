@@ -12,8 +12,12 @@ from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.model import Series
 from vllm_overlay.series.pins import Dist
-from vllm_overlay.track.refresh import export_series, series_diff
-from vllm_overlay.track.scratch_tree import UPSTREAM_TAG, materialize, pristine_files
+from vllm_overlay.track.rebasing.refresh import export_series, series_diff
+from vllm_overlay.track.workspace.scratch_tree import (
+    UPSTREAM_TAG,
+    materialize,
+    pristine_files,
+)
 from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel
 
 

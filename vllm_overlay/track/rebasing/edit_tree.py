@@ -15,7 +15,11 @@ from vllm_overlay.errors import OverlayError
 from vllm_overlay.locations import cache_root, patches_root
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.pins import Dist
-from vllm_overlay.track.scratch_tree import UPSTREAM_TAG, materialize, pristine_files
+from vllm_overlay.track.workspace.scratch_tree import (
+    UPSTREAM_TAG,
+    materialize,
+    pristine_files,
+)
 from vllm_overlay.upstream.fetch import fetch_sdist_tree, fetch_wheel, wheel_members
 
 # Upstream's tests come from the sdist; everything else from the wheel.

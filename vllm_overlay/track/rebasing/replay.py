@@ -18,8 +18,12 @@ from pathlib import Path
 from vllm_overlay.errors import OverlayError
 from vllm_overlay.git import git, git_bytes, git_run
 from vllm_overlay.series.model import Patch, Series
-from vllm_overlay.track.conflicts import conflict_hunks
-from vllm_overlay.track.scratch_tree import UPSTREAM_TAG, commit_identity, materialize
+from vllm_overlay.track.rebasing.conflicts import conflict_hunks
+from vllm_overlay.track.workspace.scratch_tree import (
+    UPSTREAM_TAG,
+    commit_identity,
+    materialize,
+)
 from vllm_overlay.trees import write_tree
 
 TARGET_TAG = "upstream-to"

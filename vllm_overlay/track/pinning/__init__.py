@@ -1,0 +1,2 @@
+"""Pinning a release: its artifacts by sha256 (`pin`, `pin --bump`) and the
+release facts its sources decide."""

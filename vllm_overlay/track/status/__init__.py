@@ -1,0 +1,2 @@
+"""Where each patch stands on a release (`status`, `--probe`, `--record`)
+and which releases upstream published that are not pinned (`--releases`)."""

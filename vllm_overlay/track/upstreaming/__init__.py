@@ -1,0 +1,2 @@
+"""Sending a patch upstream (`extract`): the pull request's text and its
+probes turned into upstream tests."""
