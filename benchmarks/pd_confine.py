@@ -44,7 +44,7 @@ from benchmarks.pd_decode_reuse import (
 )
 from ci.suites.pd.bench import Workload
 from ci.suites.pd.pair import PATCHED, UNPATCHED
-from vllm_overlay.errors import OverlayError, report_error
+from vllm_overlay.common.errors import OverlayError, report_error
 
 NIXL, MULTI = "NixlConnector", "MultiConnector"
 CONFINED, UNCONFINED = "confined", "unconfined"

@@ -61,8 +61,8 @@ from ci.suites.pd.pair import (
 )
 from ci.suites.pd_e2e import make_layout
 from ci.suites.servers import Server, session_cpu_seconds
-from vllm_overlay.errors import OverlayError, report_error
-from vllm_overlay.locations import cache_root
+from vllm_overlay.common.errors import OverlayError, report_error
+from vllm_overlay.common.locations import cache_root
 from vllm_overlay.series.facts import e2e_release
 
 ONE_SERVER = "one server"

@@ -31,8 +31,8 @@ from ci.suites.pd.cases import CASE_BY_KEY, DECODE_CAP_BLOCKS, HYBRID
 from ci.suites.pd.load import WORKLOAD, LoadRun, run_load
 from ci.suites.pd.pair import PATCHED, UNPATCHED, nixl_with_lease, start_pair
 from ci.suites.pd_e2e import make_layout
-from vllm_overlay.errors import OverlayError, report_error
-from vllm_overlay.locations import cache_root
+from vllm_overlay.common.errors import OverlayError, report_error
+from vllm_overlay.common.locations import cache_root
 
 DEFAULT_LEASE_S = 30
 CONCURRENCY = 12

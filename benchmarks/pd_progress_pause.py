@@ -50,9 +50,9 @@ from benchmarks.pd_read_confirmation import (
 )
 from ci.suites.pd.bench import Workload
 from ci.suites.pd.pair import PATCHED
-from vllm_overlay import cache_layout
-from vllm_overlay.errors import OverlayError, report_error
-from vllm_overlay.locations import cache_root
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.errors import OverlayError, report_error
+from vllm_overlay.common.locations import cache_root
 
 HERE = Path(__file__).resolve().parent
 HOOK = HERE / "nixl_progress_pause.py"

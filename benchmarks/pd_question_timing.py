@@ -50,9 +50,9 @@ from benchmarks.pd_decode_reuse import (
     rounds_parser,
 )
 from benchmarks.pd_read_confirmation import DECODE_SIDES, hooked_env
-from vllm_overlay import cache_layout
-from vllm_overlay.errors import OverlayError, report_error
-from vllm_overlay.locations import cache_root
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.errors import OverlayError, report_error
+from vllm_overlay.common.locations import cache_root
 
 HOOK = Path(__file__).resolve().parent / "read_question_timing.py"
 BUILD = "question-timing"

@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_overlay import cache_layout
-from vllm_overlay.locations import REPO_ROOT, cache_root
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.locations import REPO_ROOT, cache_root
 from vllm_overlay.runtime import source_overlay
 from vllm_overlay.runtime.installed import installed_vllm
 from vllm_overlay.series.facts import e2e_release

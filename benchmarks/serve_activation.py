@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_overlay import cache_layout
-from vllm_overlay.locations import REPO_ROOT, cache_root
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.locations import REPO_ROOT, cache_root
 from vllm_overlay.runtime.propagate import ENVIRONMENT_VARIABLE
 from vllm_overlay.series.facts import e2e_release
 

@@ -24,7 +24,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from vllm_overlay.locations import cache_root
+from vllm_overlay.common.locations import cache_root
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.model import Series
 from vllm_overlay.upstream.applier import apply_series

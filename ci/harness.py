@@ -70,9 +70,9 @@ from ci.suites.upstream_tests import (
     run_upstream_tests,
     upstream_test_environment,
 )
-from vllm_overlay import cache_layout
-from vllm_overlay.errors import OverlayError, exit_status, report_error
-from vllm_overlay.locations import REPO_ROOT, cache_root, patches_root
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.errors import OverlayError, exit_status, report_error
+from vllm_overlay.common.locations import REPO_ROOT, cache_root, patches_root
 from vllm_overlay.series.facts import FACTS_FILE, pd_core_cases, serve_e2e_releases
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.model import Series

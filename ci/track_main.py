@@ -34,9 +34,9 @@ import json
 import sys
 from pathlib import Path
 
-from vllm_overlay import atomic
 from vllm_overlay.argparsing import Parser
-from vllm_overlay.errors import OverlayError, report_error
+from vllm_overlay.common import atomic
+from vllm_overlay.common.errors import OverlayError, report_error
 from vllm_overlay.track.status.judging import PatchStatus, Verdict
 from vllm_overlay.track.status.status import status_at
 from vllm_overlay.track.workspace.git_source import open_git_source

@@ -12,8 +12,8 @@ import importlib.metadata
 
 from packaging.version import Version
 
-from vllm_overlay.git import git_run
-from vllm_overlay.locations import REPO_ROOT, series_root
+from vllm_overlay.common.git import git_run
+from vllm_overlay.common.locations import REPO_ROOT, series_root
 from vllm_overlay.series.loader import pinned_releases
 from vllm_overlay.series.pins import Dist
 

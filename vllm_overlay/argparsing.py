@@ -8,8 +8,8 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import file_in_the_way
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import file_in_the_way
 
 PROG = "vllm-overlay"
 

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from vllm_overlay.about import version_text
 from vllm_overlay.argparsing import PROG, Commands, Parser, command, output_folder
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.series.pins import Dist
 from vllm_overlay.track.arguments import MAINTAINER_COMMANDS
 

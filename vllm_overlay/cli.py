@@ -7,10 +7,10 @@ import json
 import sys
 from collections.abc import Callable
 
-from vllm_overlay import atomic
 from vllm_overlay.arguments import parse
-from vllm_overlay.errors import OverlayError, exit_status
-from vllm_overlay.locations import patches_root
+from vllm_overlay.common import atomic
+from vllm_overlay.common.errors import OverlayError, exit_status
+from vllm_overlay.common.locations import patches_root
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.pins import Dist
 from vllm_overlay.track.checks.lint import lint, releases_without_sources

@@ -42,9 +42,9 @@ from ci.envs.requirements import (
     torch_file,
     torch_pins,
 )
-from vllm_overlay import atomic, cache_layout
-from vllm_overlay.errors import OverlayError, exit_status
-from vllm_overlay.locking import exclusive
+from vllm_overlay.common import atomic, cache_layout
+from vllm_overlay.common.errors import OverlayError, exit_status
+from vllm_overlay.common.locking import exclusive
 from vllm_overlay.series.facts import (
     EnvironmentFacts,
     as_releases_do,
@@ -390,7 +390,7 @@ def _progress(release: str, message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Build or update one release's environment and print its directory."""
-    from vllm_overlay.locations import cache_root, patches_root
+    from vllm_overlay.common.locations import cache_root, patches_root
     from vllm_overlay.series.pins import load_pins
     from vllm_overlay.upstream.fetch import fetch_sdist_tree
 

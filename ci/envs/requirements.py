@@ -15,8 +15,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import REPO_ROOT
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import REPO_ROOT
 from vllm_overlay.series.facts import EnvironmentFacts
 from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.fetch import (

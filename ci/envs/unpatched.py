@@ -37,10 +37,10 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from ci.envs.release import STAMP as RELEASE_STAMP
-from vllm_overlay import cache_layout
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import REPO_ROOT
-from vllm_overlay.locking import exclusive
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import REPO_ROOT
+from vllm_overlay.common.locking import exclusive
 from vllm_overlay.series.loader import pinned_releases
 from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.fetch import fetch_wheel

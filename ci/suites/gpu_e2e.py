@@ -114,9 +114,9 @@ from ci.suites.pd.mtp_verdicts import Served, judge_mtp
 from ci.suites.pd.pair import PATCHED, UNPATCHED, Layout, start, start_vllm, wait_all
 from ci.suites.pd_e2e import TOY_PROXY, run_case
 from ci.suites.servers import Server, free_port, server_environment
-from vllm_overlay import cache_layout
-from vllm_overlay.errors import OverlayError, report_error
-from vllm_overlay.locations import cache_root
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.errors import OverlayError, report_error
+from vllm_overlay.common.locations import cache_root
 from vllm_overlay.series.facts import environment_facts, gdn_hybrid
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.model import Series

@@ -68,7 +68,7 @@ from ci.suites.pd.metrics import decode_counts, scrape, settled_metrics
 from ci.suites.pd.mtp_verdicts import PLAIN_NIXL, Served
 from ci.suites.pd.pair import Layout, start_vllm, wait_all
 from ci.suites.pd_e2e import run_case
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 CHECKPOINT = CHECKPOINTS[MTP]
 # The first release with `Qwen3_5ForCausalLM` and the text model's drafter.

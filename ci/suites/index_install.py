@@ -73,9 +73,9 @@ from ci.envs.requirements import active_requirements, read_wheel
 from ci.envs.unpatched import is_vllm, site_packages
 from ci.fixtures.tiny_model import ensure_tiny_model
 from ci.suites.servers import Server, free_port, server_environment
-from vllm_overlay import cache_layout
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import REPO_ROOT
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import REPO_ROOT
 from vllm_overlay.series.facts import environment_facts, gdn_hybrid
 from vllm_overlay.series.model import Series
 from vllm_overlay.series.pins import Dist

@@ -66,9 +66,9 @@ from ci.suites.pd.pair import (
     wait_all,
 )
 from ci.suites.pd.receive import run_receive_faults
-from vllm_overlay import cache_layout
-from vllm_overlay.errors import OverlayError, report_error
-from vllm_overlay.locations import cache_root
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.errors import OverlayError, report_error
+from vllm_overlay.common.locations import cache_root
 from vllm_overlay.series.facts import e2e_release
 from vllm_overlay.series.loader import pinned_releases
 from vllm_overlay.upstream.fetch import fetch_sdist_tree

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import REPO_ROOT
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import REPO_ROOT
 from vllm_overlay.series.deselections import OUR_DESELECTIONS_FILE, deselected_on
 from vllm_overlay.series.facts import triton_cpu_standin_args
 from vllm_overlay.series.model import Series

@@ -68,9 +68,9 @@ from ci.envs.unpatched import ensure_unpatched_env
 from ci.fixtures.tiny_model import ensure_tiny_model
 from ci.suites.pd.cases import MODEL_ARGS
 from ci.suites.servers import Server, free_port, server_environment
-from vllm_overlay import cache_layout
-from vllm_overlay.errors import OverlayError, report_error
-from vllm_overlay.locations import REPO_ROOT, cache_root
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.errors import OverlayError, report_error
+from vllm_overlay.common.locations import REPO_ROOT, cache_root
 from vllm_overlay.series.facts import e2e_release, gdn_hybrid
 
 RELEASE = e2e_release()

@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 
 from ci.suites.pytest_runs import Counts, junit_counts, run
-from vllm_overlay.locations import REPO_ROOT
+from vllm_overlay.common.locations import REPO_ROOT
 
 
 def static_checks(reports: Path) -> tuple[list[str], Counts]:

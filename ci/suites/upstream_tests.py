@@ -27,9 +27,10 @@ from ci.suites.pytest_runs import (
     pytest_command,
     pytest_environment,
 )
-from vllm_overlay import atomic, cache_layout
-from vllm_overlay.errors import OverlayError, exit_status
-from vllm_overlay.locations import REPO_ROOT, patches_root
+from vllm_overlay.common import atomic, cache_layout
+from vllm_overlay.common.errors import OverlayError, exit_status
+from vllm_overlay.common.locations import REPO_ROOT, patches_root
+from vllm_overlay.common.trees import write_tree
 from vllm_overlay.series.deselections import (
     UPSTREAM_DESELECTIONS_FILE,
     Deselection,
@@ -43,7 +44,6 @@ from vllm_overlay.series.facts import (
     upstream_tests,
 )
 from vllm_overlay.series.model import TESTS_DIR, Series
-from vllm_overlay.trees import write_tree
 from vllm_overlay.upstream.applier import apply_series
 
 DESELECTED_FILE = REPO_ROOT / UPSTREAM_DESELECTIONS_FILE
@@ -308,7 +308,7 @@ def run_upstream_tests(
 def main(argv: list[str] | None = None) -> int:
     """Run one release's upstream tests in its already built environment."""
     from ci.fixtures.hf_standin import write_hf_standin
-    from vllm_overlay.locations import cache_root
+    from vllm_overlay.common.locations import cache_root
     from vllm_overlay.series.loader import release_series
     from vllm_overlay.series.pins import load_pins
     from vllm_overlay.upstream.fetch import fetch_sdist_tree

@@ -22,8 +22,8 @@ from pathlib import Path
 from packaging.tags import Tag, sys_tags
 from packaging.version import Version
 
-from vllm_overlay.errors import OverlayError, report_error
-from vllm_overlay.locations import patches_root
+from vllm_overlay.common.errors import OverlayError, report_error
+from vllm_overlay.common.locations import patches_root
 from vllm_overlay.series.loader import load_series, pinned_releases
 from vllm_overlay.series.pins import Dist
 from vllm_overlay.wheel.builder import build_release

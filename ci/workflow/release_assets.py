@@ -28,7 +28,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay.errors import OverlayError, report_error
+from vllm_overlay.common.errors import OverlayError, report_error
 from vllm_overlay.upstream.fetch import sha256_of
 from vllm_overlay.wheel.index import LISTING_FILE, SUMS_FILE, read_listing
 

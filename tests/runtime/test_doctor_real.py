@@ -31,6 +31,7 @@ import torch
 
 from ci.fixtures.hf_standin import Vocabulary, write_tokenizer
 from ci.fixtures.tiny_configs import qwen3_5_text
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.doctor import diagnose
 from vllm_overlay.doctor.compat import NIXL_METADATA
 from vllm_overlay.doctor.findings import Finding, Severity
@@ -48,7 +49,6 @@ from vllm_overlay.doctor.rules_speculative import (
     speculation_on_cpu_without_kernels,
     speculative_hybrid_prefix_caching_on_cpu,
 )
-from vllm_overlay.errors import OverlayError
 from vllm_overlay.runtime.installed import installed_vllm
 from vllm_overlay.series.facts import forced_sd_checks
 from vllm_overlay.series.manifest import (

@@ -1,7 +1,7 @@
 import pytest
 from conftest import SCHEDULER, SCHEDULER_SOURCE, format_patch, scheduler_edit
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.upstream.applier import apply_series
 

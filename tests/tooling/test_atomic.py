@@ -1,8 +1,8 @@
-"""`vllm_overlay.atomic`: a reader sees the old content or the new, whole."""
+"""`vllm_overlay.common.atomic`: a reader sees the old content or the new, whole."""
 
 import pytest
 
-from vllm_overlay import atomic
+from vllm_overlay.common import atomic
 
 
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_scratch(tmp_path):

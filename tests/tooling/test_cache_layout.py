@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_overlay import cache_layout
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import REPO_ROOT
-from vllm_overlay.locking import exclusive
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import REPO_ROOT
+from vllm_overlay.common.locking import exclusive
 
 
 def test_a_file_where_a_cache_folder_belongs_is_refused_by_the_lock(tmp_path):

@@ -14,7 +14,7 @@ from ci.suites.pytest_runs import (
     pytest_command,
     pytest_environment,
 )
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 PLUGINS = Path(__file__).resolve().parents[2] / "ci" / "suites" / "pytest_plugins"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import RELEASE, make_wheel, run_cli
 
-from vllm_overlay.errors import OverlayError, exit_status
+from vllm_overlay.common.errors import OverlayError, exit_status
 
 WHEEL = f"vllm-{RELEASE}-cp38-abi3-linux_x86_64.whl"
 

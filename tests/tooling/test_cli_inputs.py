@@ -9,7 +9,7 @@ import pytest
 from conftest import RELEASE, SCHEDULER, SCHEDULER_SOURCE, refusal, run_cli, run_git
 
 from vllm_overlay.cli import HANDLERS
-from vllm_overlay.locations import PINS_FILE, REPO_ROOT
+from vllm_overlay.common.locations import PINS_FILE, REPO_ROOT
 
 
 def files_under(root: Path) -> dict[Path, bytes]:
@@ -159,7 +159,7 @@ def test_a_release_spelled_otherwise_says_which_it_builds(project, tmp_path, cap
 def test_build_from_an_installed_vllm_overlay(tmp_path, capsys, monkeypatch):
     """Installed, the package's parent is site-packages: no `patches/`."""
     monkeypatch.delenv("VLLM_OVERLAY_PATCHES", raising=False)
-    monkeypatch.setattr("vllm_overlay.locations.REPO_ROOT", tmp_path / "site")
+    monkeypatch.setattr("vllm_overlay.common.locations.REPO_ROOT", tmp_path / "site")
     line = refusal(capsys, "build", "--out", str(tmp_path / "dist"))
     assert "this command needs a checkout of the vllm-overlay repository" in line
     assert "run `vllm-overlay serve`" in line

@@ -6,8 +6,8 @@ import pytest
 
 from ci.suites.pytest_runs import our_deselection_args
 from ci.suites.upstream_tests import collected_paths, deselection_args
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import REPO_ROOT
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import REPO_ROOT
 from vllm_overlay.series.deselections import (
     OUR_DESELECTIONS_FILE,
     UPSTREAM_DESELECTIONS_FILE,

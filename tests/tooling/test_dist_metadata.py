@@ -2,8 +2,8 @@
 
 import pytest
 
-from vllm_overlay.dist_metadata import renamed_metadata
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.dist_metadata import renamed_metadata
+from vllm_overlay.common.errors import OverlayError
 
 METADATA = (
     "Metadata-Version: 2.1\n"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from vllm_overlay.arguments import build_parser
-from vllm_overlay.locations import REPO_ROOT
+from vllm_overlay.common.locations import REPO_ROOT
 from vllm_overlay.series.loader import pinned_releases
 
 DOCS = REPO_ROOT / "docs"

@@ -18,7 +18,7 @@ from conftest import (
     run_cli,
 )
 
-from vllm_overlay.locations import cache_root
+from vllm_overlay.common.locations import cache_root
 
 PATCH = "scheduler-demo.patch"
 PACKAGE = "tests/v1/core/scheduler_demo"

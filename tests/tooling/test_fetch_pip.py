@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_overlay import cache_layout
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.series.pins import Artifact, ReleasePin
 from vllm_overlay.upstream import fetch
 from vllm_overlay.upstream.fetch import PipRun, fetch_sdist_tree, last_error_line

@@ -1,11 +1,11 @@
-"""`vllm_overlay.git`: whose config git reads, and why it failed."""
+"""`vllm_overlay.common.git`: whose config git reads, and why it failed."""
 
 import subprocess
 
 import pytest
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.git import git, git_cause, git_run
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.git import git, git_cause, git_run
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from ci.suites.pd.completions import Completion
 from ci.suites.pd.gpu_verdicts import HYBRID, SLIDING, Single, judge_mp, judge_single
 from ci.suites.pd.metrics import DecodeCounts
 from ci.suites.pd.pair import PATCHED, UNPATCHED
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.series.loader import release_series
 
 ANSWERS = [Completion((1, 2), (-1.0, -1.0), (1.0, 1.0))] * 2

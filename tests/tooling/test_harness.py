@@ -11,7 +11,7 @@ import pytest
 
 from ci import harness
 from ci.suites.pytest_runs import Counts
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.series.pins import Dist
 
 RELEASE = "0.31.0"  # given no end-to-end run: the seven common steps only

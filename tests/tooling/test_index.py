@@ -15,7 +15,7 @@ from urllib.parse import unquote
 import pytest
 from conftest import refusal, run_cli
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.wheel import index as index_module
 
 CPU_WHEEL = "vllm-0.32.0+cpu.hybridkv.3-cp38-abi3-manylinux_2_28_x86_64.whl"

@@ -31,7 +31,7 @@ from ci.suites.pd.completions import Completion, compare, make_prompts, parse_co
 from ci.suites.pd.hosts import NO_AMX
 from ci.suites.pd.metrics import DecodeCounts, decode_counts, metric_sum, parse_metrics
 from ci.suites.pd.pair import DROP_IN, PATCHED, UNPATCHED, Layout, Pair, serve_command
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.series.facts import pd_core_cases
 
 # Shaped like vLLM 0.32.0's exposition: HELP/TYPE comments, counters with

@@ -23,7 +23,7 @@ from ci.suites.pd.load import (
 )
 from ci.suites.pd.metrics import DecodeCounts
 from ci.suites.pd.pair import DROP_IN, PATCHED, UNPATCHED
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 # Shaped like vLLM 0.32.0's `--save-detailed` results (serve.py:1280-1299),
 # trimmed to what is read.

@@ -5,8 +5,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.tags import Tag
 from packaging.version import Version
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import PINS_FILE
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import PINS_FILE
 from vllm_overlay.series.loader import load_series, pinned_releases
 from vllm_overlay.series.model import has_series
 from vllm_overlay.series.pins import load_pins, resolve_release

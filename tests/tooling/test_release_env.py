@@ -22,8 +22,8 @@ from ci.envs.requirements import (
     pinned_requirements,
 )
 from ci.suites.gpu_e2e import nixl_pin
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import REPO_ROOT
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import REPO_ROOT
 from vllm_overlay.series.facts import (
     as_releases_do,
     environment_facts,

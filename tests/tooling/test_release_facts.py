@@ -9,8 +9,8 @@ import pytest
 import tomli_w
 
 from ci.fixtures.hf_standin import STANDINS_FILE, load_standins
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import PINS_FILE, REPO_ROOT
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import PINS_FILE, REPO_ROOT
 from vllm_overlay.series.facts import (
     FACTS_FILE,
     e2e_release,

@@ -14,7 +14,7 @@ import yaml
 from packaging.version import Version
 
 from ci.workflow.pinned import builds_here, main, release_matrix
-from vllm_overlay.locations import REPO_ROOT
+from vllm_overlay.common.locations import REPO_ROOT
 from vllm_overlay.series.loader import pinned_releases
 
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "release.yml"

@@ -9,7 +9,7 @@ from conftest import (
     scheduler_edit,
 )
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.series.checks import probe_problem
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.model import parse_patch

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import SCHEDULER, Project, format_patch, make_wheel, run_git
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import PACKAGED_PATCHES, REPO_ROOT, series_root
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import PACKAGED_PATCHES, REPO_ROOT, series_root
 from vllm_overlay.runtime import dist_alias, propagate
 from vllm_overlay.runtime.installed import installed_vllm
 from vllm_overlay.runtime.serve import activate, prepare
@@ -244,7 +244,7 @@ def test_patched_files_are_cached_and_checked(fake):
 
 def test_packaged_series_when_there_is_no_checkout(monkeypatch, tmp_path):
     monkeypatch.delenv("VLLM_OVERLAY_PATCHES", raising=False)
-    monkeypatch.setattr("vllm_overlay.locations.REPO_ROOT", tmp_path)
+    monkeypatch.setattr("vllm_overlay.common.locations.REPO_ROOT", tmp_path)
     assert series_root() == PACKAGED_PATCHES
 
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.runtime import source_overlay
 
 

@@ -15,7 +15,7 @@ from ci.suites.upstream_tests import (
     prepare_upstream_tests,
     run_upstream_tests,
 )
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.series.facts import upstream_test_files
 
 OLDER = "9.8.0"

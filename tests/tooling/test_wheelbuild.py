@@ -8,7 +8,7 @@ import pytest
 from conftest import EXTENSION, RELEASE, SCHEDULER, make_wheel, sha256_file
 from wheel.wheelfile import WheelFile
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.upstream.fetch import SourceWheel, wheel_members
 from vllm_overlay.upstream.record import parse_record, record_hash, record_text

@@ -9,11 +9,11 @@ that: the parsed arguments and the engine configuration. It gathers facts
 rules (`rules.py`, and `rules_speculative.py` for speculative decoding).
 """
 
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.doctor.build import evaluated_sources, installed_build
 from vllm_overlay.doctor.facts import Facts
 from vllm_overlay.doctor.report import Report
 from vllm_overlay.doctor.rules import evaluate
-from vllm_overlay.errors import OverlayError
 
 
 def diagnose(

@@ -18,8 +18,8 @@ from dataclasses import replace
 
 from packaging.version import Version
 
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.doctor.facts import BuildFacts
-from vllm_overlay.errors import OverlayError
 from vllm_overlay.runtime import source_overlay
 from vllm_overlay.runtime.catalog import PINS_FILE, series_for, series_root
 from vllm_overlay.runtime.serve import prepare

@@ -19,6 +19,7 @@ import os
 from typing import Any
 from unittest import mock
 
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.doctor.compat import compatibility_factors, differences
 from vllm_overlay.doctor.facts import (
     LMCACHE,
@@ -42,7 +43,6 @@ from vllm_overlay.doctor.installed_sources import (
     cpu_speculation_kernels,
     mamba_kernel_launch,
 )
-from vllm_overlay.errors import OverlayError
 
 LMCACHE_ADAPTER = "lmcache.integration.vllm.vllm_v1_adapter"
 NATIVE_LMCACHE_ADAPTER = (

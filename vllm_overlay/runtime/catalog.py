@@ -10,8 +10,8 @@ for its format (`series.loader.read_series`).
 
 from packaging.version import Version
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import PINS_FILE, series_root
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import PINS_FILE, series_root
 from vllm_overlay.series.loader import read_series
 from vllm_overlay.series.model import Series, has_series
 from vllm_overlay.series.pins import load_pins

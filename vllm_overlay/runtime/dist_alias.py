@@ -27,7 +27,7 @@ import re
 import sys
 from pathlib import Path
 
-from vllm_overlay.dist_metadata import renamed_metadata
+from vllm_overlay.common.dist_metadata import renamed_metadata
 
 ALIASED = "vllm"
 _SEPARATORS = re.compile(r"[-_.]+")

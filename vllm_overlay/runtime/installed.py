@@ -17,7 +17,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.series.manifest import MANIFEST_PATH, installed_vllm_dir
 from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.record import parse_record, record_hash

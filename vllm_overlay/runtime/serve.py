@@ -14,8 +14,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError, report_error
-from vllm_overlay.locations import cache_root, series_root
+from vllm_overlay.common.errors import OverlayError, report_error
+from vllm_overlay.common.locations import cache_root, series_root
 from vllm_overlay.runtime import dist_alias, propagate, source_overlay
 from vllm_overlay.runtime.warm import Activation, recorded_activation, save_activation
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 
 def module_name(relative_path: str) -> str:

@@ -20,12 +20,12 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from vllm_overlay import atomic, cache_layout
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locking import exclusive
+from vllm_overlay.common import atomic, cache_layout
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locking import exclusive
+from vllm_overlay.common.trees import write_tree
 from vllm_overlay.runtime.source_overlay import module_name
 from vllm_overlay.series.model import Series
-from vllm_overlay.trees import write_tree
 
 INDEX = "sources.json"
 

@@ -24,7 +24,7 @@ import json
 import os
 from pathlib import Path
 
-from vllm_overlay import atomic, cache_layout
+from vllm_overlay.common import atomic, cache_layout
 from vllm_overlay.series.manifest import MANIFEST_PATH, vllm_package_dir
 
 RECORD_FORMAT = 2

@@ -11,7 +11,7 @@ import ast
 import re
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.series.model import (
     PATCH_SUFFIX,
     REQUIRED_TRAILERS,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 # The file of upstream's tests, relative to the repository root; ours is
 # tests/deselected.toml.

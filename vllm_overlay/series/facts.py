@@ -15,9 +15,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from vllm_overlay import atomic
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import PINS_FILE, patches_root
+from vllm_overlay.common import atomic
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import PINS_FILE, patches_root
 from vllm_overlay.series.deselections import release_version, within
 from vllm_overlay.series.pins import Dist, load_pins
 

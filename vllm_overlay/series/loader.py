@@ -12,8 +12,8 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import PINS_FILE, patches_root
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import PINS_FILE, patches_root
 from vllm_overlay.series.checks import series_problems
 from vllm_overlay.series.model import (
     SERIES_FILE,

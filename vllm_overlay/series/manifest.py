@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 # Where a patched build carries its series manifest, and its format.
 MANIFEST_PATH = "vllm/_overlay_series.json"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.series.pins import Dist, ReleasePin
 
 SERIES_FILE = "series"

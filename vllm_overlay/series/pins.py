@@ -15,7 +15,7 @@ from packaging.tags import Tag, sys_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 
 class Dist(StrEnum):

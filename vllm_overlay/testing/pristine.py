@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_overlay import cache_layout
-from vllm_overlay.locations import cache_root
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.locations import cache_root
 from vllm_overlay.runtime import source_overlay
 from vllm_overlay.series.manifest import read_installed_manifest
 from vllm_overlay.testing.outcomes import FAILED_OUTSIDE_ASSERTION

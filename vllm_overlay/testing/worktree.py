@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.runtime import source_overlay
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.manifest import read_installed_manifest

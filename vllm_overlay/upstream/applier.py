@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.git import git_run
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.git import git_run
+from vllm_overlay.common.trees import write_tree
 from vllm_overlay.series.model import PACKAGE_DIR, TESTS_DIR, Patch, Series
-from vllm_overlay.trees import write_tree
 
 _CHECKING = re.compile(r"^Checking patch (\S+)\.\.\.$")
 _OFFSET = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \((offset|fuzz) .*\)\.$")

@@ -20,9 +20,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay import cache_layout
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locking import exclusive
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locking import exclusive
 from vllm_overlay.series.pins import Dist, ReleasePin
 
 _SDIST_MARKER = ".vllm-overlay-sdist-sha256"

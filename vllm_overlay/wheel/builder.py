@@ -22,11 +22,11 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from vllm_overlay import atomic
-from vllm_overlay.dist_metadata import renamed_metadata
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import cache_root
-from vllm_overlay.locking import exclusive
+from vllm_overlay.common import atomic
+from vllm_overlay.common.dist_metadata import renamed_metadata
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import cache_root
+from vllm_overlay.common.locking import exclusive
 from vllm_overlay.series.manifest import MANIFEST_FORMAT, MANIFEST_PATH
 from vllm_overlay.series.model import PACKAGE_DIR, Series
 from vllm_overlay.series.pins import Dist

@@ -53,8 +53,8 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay import atomic
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common import atomic
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.upstream.fetch import (
     UNREADABLE,
     open_wheel,

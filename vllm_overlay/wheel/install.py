@@ -22,8 +22,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import cache_root, series_root
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import cache_root, series_root
 from vllm_overlay.runtime.installed import InstalledVllm, installed_vllm
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.manifest import read_installed_manifest

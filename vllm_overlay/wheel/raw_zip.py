@@ -14,7 +14,7 @@ import os
 import struct
 import zipfile
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
 _LOCAL_HEADER_SIGNATURE = b"PK\x03\x04"

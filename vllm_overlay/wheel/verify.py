@@ -18,8 +18,8 @@ from packaging.tags import Tag, sys_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import cache_root, series_root
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import cache_root, series_root
 from vllm_overlay.runtime.installed import installed_vllm
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.manifest import read_installed_manifest

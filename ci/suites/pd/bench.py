@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ci.suites.servers import server_environment
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 # A run that has not ended by then is stuck; the P/D pairs of this suite
 # take a few minutes at most.

@@ -88,7 +88,7 @@ from ci.suites.pd.completions import Completion, compare
 from ci.suites.pd.hosts import NO_AMX, NO_AMX_DIM_FIRST
 from ci.suites.pd.metrics import DecodeCounts
 from ci.suites.pd.pair import DROP_IN, NIXL, PATCHED, UNPATCHED
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 HYBRID, DENSE, MAMBA2 = "tiny-qwen3.5", "tiny-llama", "tiny-nemotron-h"
 QWEN3_NEXT = "tiny-qwen3-next"

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 # Four prompts sharing a prefix that spans several hybrid blocks (the CPU
 # platform raises the block size to a few hundred tokens for hybrids), each

@@ -55,7 +55,7 @@ from ci.suites.pd.completions import (
 from ci.suites.pd.load import IDLE_TIMEOUT_S, idle_usage
 from ci.suites.pd.pair import PATCHED, Layout, Pair, start_pair
 from ci.suites.servers import free_port
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 CASE = CASE_BY_KEY["hybrid-multi"]
 # Requests in flight in the cases under load, every ABORT_EVERY-th of whose

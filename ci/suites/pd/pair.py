@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ci.suites.pd.completions import complete, make_prompts
 from ci.suites.servers import Server, free_port, server_environment
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 # VLLM_CPU_OMP_THREADS_BIND of the two servers of a pair: a core each.
 PREFILL_CORES, DECODE_CORES = "0", "1"

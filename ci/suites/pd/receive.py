@@ -72,7 +72,7 @@ from ci.suites.pd.pair import (
     nixl_with_lease,
     start_pair,
 )
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 # kv_lease_duration of both servers: the prefill server keeps a finished
 # request's blocks this long unless the decode server's heartbeats (every

@@ -40,10 +40,10 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay import cache_layout
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.git import git_run
-from vllm_overlay.locations import PINS_FILE, cache_root
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.git import git_run
+from vllm_overlay.common.locations import PINS_FILE, cache_root
 from vllm_overlay.series.checks import series_problems
 from vllm_overlay.series.deselections import (
     OUR_DESELECTIONS_FILE,

@@ -41,11 +41,11 @@ import tomli_w
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from vllm_overlay import atomic, cache_layout
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.git import git_run
-from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
-from vllm_overlay.locking import exclusive
+from vllm_overlay.common import atomic, cache_layout
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.git import git_run
+from vllm_overlay.common.locations import PINS_FILE, cache_root, patches_root
+from vllm_overlay.common.locking import exclusive
 from vllm_overlay.series.facts import (
     FACTS_FILE,
     as_releases_do,

@@ -14,9 +14,9 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.doctor.installed_sources import forced_sd_check_in
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.series.facts import (
     FACTS_FILE,
     environment_facts,

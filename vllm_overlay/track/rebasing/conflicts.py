@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from vllm_overlay.git import git
+from vllm_overlay.common.git import git
 
 # git's conflict markers (diff3 style) and their place: 0 opens the TO side,
 # 1 the merge base, 2 the patch's side, 3 closes.

@@ -11,8 +11,8 @@ back.
 from collections.abc import Iterable
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import cache_root, patches_root
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import cache_root, patches_root
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.pins import Dist
 from vllm_overlay.track.workspace.scratch_tree import (

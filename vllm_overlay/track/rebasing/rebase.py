@@ -47,10 +47,10 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay import atomic
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.git import git, git_run
-from vllm_overlay.locations import cache_root, patches_root
+from vllm_overlay.common import atomic
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.git import git, git_run
+from vllm_overlay.common.locations import cache_root, patches_root
 from vllm_overlay.series.loader import load_series, pinned_releases
 from vllm_overlay.series.model import Patch, Series, series_dir
 from vllm_overlay.series.pins import Dist, ReleasePin, resolve_release

@@ -8,7 +8,7 @@ refresh would write. Two things make it so:
 
 - every option of `git format-patch` that a configuration could change is
   given on the command line, and the user's and the system's git config are
-  not read (`vllm_overlay.git`), so nobody's `format.*` or `diff.*` settings
+  not read (`vllm_overlay.common.git`), so nobody's `format.*` or `diff.*` settings
   leak in;
 - `scratch_tree.materialize` rebuilds the tree from a series with a fixed
   identity and the patches' own author dates, so the round trip series ->
@@ -23,10 +23,10 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from vllm_overlay.atomic import replace_dir
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.git import git, git_bytes
-from vllm_overlay.locations import patches_root
+from vllm_overlay.common.atomic import replace_dir
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.git import git, git_bytes
+from vllm_overlay.common.locations import patches_root
 from vllm_overlay.series.checks import series_problems
 from vllm_overlay.series.loader import pinned_releases
 from vllm_overlay.series.model import (

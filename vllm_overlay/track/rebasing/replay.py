@@ -15,8 +15,9 @@ from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.git import git, git_bytes, git_run
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.git import git, git_bytes, git_run
+from vllm_overlay.common.trees import write_tree
 from vllm_overlay.series.model import Patch, Series
 from vllm_overlay.track.rebasing.conflicts import conflict_hunks
 from vllm_overlay.track.workspace.scratch_tree import (
@@ -24,7 +25,6 @@ from vllm_overlay.track.workspace.scratch_tree import (
     commit_identity,
     materialize,
 )
-from vllm_overlay.trees import write_tree
 
 TARGET_TAG = "upstream-to"
 

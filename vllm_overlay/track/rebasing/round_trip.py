@@ -8,7 +8,7 @@ refresh would undo, or a patch written by another tool.
 import tempfile
 from pathlib import Path
 
-from vllm_overlay.locations import cache_root, patches_root
+from vllm_overlay.common.locations import cache_root, patches_root
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.model import Series
 from vllm_overlay.series.pins import Dist

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import PINS_FILE
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import PINS_FILE
 from vllm_overlay.series.facts import (
     FACTS_FILE,
     e2e_release,

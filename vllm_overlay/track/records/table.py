@@ -8,7 +8,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay.locations import PINS_FILE
+from vllm_overlay.common.locations import PINS_FILE
 from vllm_overlay.series.loader import load_series, nearest_series
 from vllm_overlay.series.model import has_series
 from vllm_overlay.series.pins import ReleasePin, load_pins

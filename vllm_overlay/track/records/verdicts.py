@@ -14,8 +14,8 @@ from pathlib import Path
 
 import tomli_w
 
-from vllm_overlay import atomic
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common import atomic
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.series.model import Patch
 
 VERDICTS_FILE = Path("vllm") / "verdicts.toml"

@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from vllm_overlay.git import git_run
+from vllm_overlay.common.git import git_run
+from vllm_overlay.common.trees import write_tree
 from vllm_overlay.series.model import PACKAGE_DIR, Patch, Series
-from vllm_overlay.trees import write_tree
 from vllm_overlay.upstream.applier import (
     HunkProblem,
     apply_error,

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from vllm_overlay import cache_layout
-from vllm_overlay.locations import REPO_ROOT
+from vllm_overlay.common import cache_layout
+from vllm_overlay.common.locations import REPO_ROOT
 from vllm_overlay.series.facts import triton_cpu_standin_args
 from vllm_overlay.series.model import Series
 from vllm_overlay.testing.outcomes import FAILED_OUTSIDE_ASSERTION, outside_assertion

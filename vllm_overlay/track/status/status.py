@@ -36,10 +36,10 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from vllm_overlay import atomic, cache_layout
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import cache_root, patches_root
-from vllm_overlay.locking import exclusive
+from vllm_overlay.common import atomic, cache_layout
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import cache_root, patches_root
+from vllm_overlay.common.locking import exclusive
 from vllm_overlay.series.loader import (
     load_series,
     nearest_release,

@@ -24,8 +24,8 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import PINS_FILE
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import PINS_FILE
 from vllm_overlay.series.pins import Dist, load_pins
 from vllm_overlay.upstream.requirements import requirement_lines
 

@@ -29,9 +29,9 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.git import git, git_cause, git_run
-from vllm_overlay.locations import cache_root, patches_root
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.git import git, git_cause, git_run
+from vllm_overlay.common.locations import cache_root, patches_root
 from vllm_overlay.series.loader import release_series
 from vllm_overlay.series.model import (
     PATCH_SUFFIX,

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.runtime.source_overlay import module_name
 from vllm_overlay.series.model import PACKAGE_DIR, TESTS_DIR, Patch
 

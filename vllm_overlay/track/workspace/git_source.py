@@ -22,8 +22,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.git import git, git_bytes, git_run
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.git import git, git_bytes, git_run
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ it writes the series back byte for byte.
 from collections.abc import Mapping
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.git import git, git_cause, git_run
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.git import git, git_cause, git_run
+from vllm_overlay.common.trees import write_tree
 from vllm_overlay.series.model import Series
-from vllm_overlay.trees import write_tree
 from vllm_overlay.upstream.fetch import wheel_members
 
 UPSTREAM_TAG = "upstream"

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
-from vllm_overlay.locations import file_in_the_way
+from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.locations import file_in_the_way
 
 
 @contextmanager

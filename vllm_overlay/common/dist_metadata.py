@@ -14,7 +14,7 @@ loads it.
 
 from collections.abc import Callable
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 
 def renamed_metadata(metadata: str, name: str, version: Callable[[str], str]) -> str:

@@ -7,12 +7,12 @@ them elsewhere; the defaults suit a checkout of the repository.
 import os
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # An installed vllm-overlay wheel carries `patches/` as this package data
 # (see `pyproject.toml`); a checkout has it at `REPO_ROOT / "patches"`.
-PACKAGED_PATCHES = Path(__file__).resolve().parent / "patches"
+PACKAGED_PATCHES = Path(__file__).resolve().parents[1] / "patches"
 PINS_FILE = Path("vllm") / "releases.toml"
 
 

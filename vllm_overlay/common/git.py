@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from vllm_overlay.errors import OverlayError
+from vllm_overlay.common.errors import OverlayError
 
 # No config but the repository's own, and stable messages and dates.
 ISOLATED_ENV = {
