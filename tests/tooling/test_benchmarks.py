@@ -14,11 +14,10 @@ from benchmarks.pd_decode_reuse import cell_workloads, rounds_parser
         "benchmarks.wheel_build",
         "benchmarks.schedule_overhead",
         "benchmarks.pd_decode_reuse",
-        "benchmarks.pd_lease",
-        "benchmarks.pd_confine",
+        "benchmarks.investigations.pd_confine",
         "benchmarks.pd_read_confirmation",
-        "benchmarks.pd_progress_pause",
-        "benchmarks.pd_question_timing",
+        "benchmarks.investigations.pd_progress_pause",
+        "benchmarks.investigations.pd_question_timing",
     ],
 )
 def test_benchmark_imports(module):

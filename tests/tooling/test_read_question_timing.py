@@ -1,5 +1,5 @@
 """The benchmark-only hook that times the decode side's question before a
-read (`benchmarks/read_question_timing.py`): the patched NIXL scheduler's
+read (`benchmarks/investigations/read_question_timing.py`): the patched NIXL scheduler's
 methods it wraps are stood in for by a class with the same names, since the
 real ones run only inside a decode server (the benchmark itself fails when a
 real run recorded nothing); and the benchmark's table row that reads its
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks import read_question_timing as hook
-from benchmarks.pd_question_timing import row
+from benchmarks.investigations import read_question_timing as hook
+from benchmarks.investigations.pd_question_timing import row
 
 
 class _Scheduler:
@@ -138,8 +138,8 @@ def test_install_patches_a_named_module_once_it_ran(tmp_path, monkeypatch):
 
 
 def test_the_tables_row_counts_a_request_received_at_time_zero():
-    """`benchmarks/pd_question_timing.py` reads the hook's lines: a receipt at
-    time 0.0 is a receipt, and a cell with none left prints nan."""
+    """`benchmarks/investigations/pd_question_timing.py` reads the hook's lines: a
+    receipt at time 0.0 is a receipt, and a cell with none left prints nan."""
     line = {"received": 0.0, "added": 0.004, "asked": 0.004, "answered": 0.006}
     line.update(taken_up=0.011, attempts_before=0, held=True)
     runs = [

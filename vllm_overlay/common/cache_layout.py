@@ -62,7 +62,7 @@ def layered_env(cache: Path, release: str, name: str) -> Path:
     """An environment beside `release_env` that runs over its packages with
     something of its own, which `name` says: an earlier build of the release
     (`previous-hybridkv.7`, `benchmarks/pd_read_confirmation.py`) or a
-    variant a benchmark measures (`benchmarks/pd_progress_pause.py`)."""
+    variant a benchmark measures (`benchmarks/investigations/pd_progress_pause.py`)."""
     return cache / "envs" / f"{release}-{name}"
 
 

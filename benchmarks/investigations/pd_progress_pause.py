@@ -7,8 +7,8 @@ thread back and pausing between its polls. Issue 37 asks which costs less.
 Two measurements, on the release's test environment (the patched build of
 this checkout):
 
-1. Two NIXL agents alone (`benchmarks/nixl_idle_read.py`), each process on
-   a core of its own: a READ from a target that never calls into NIXL, with
+1. Two NIXL agents alone (`nixl_idle_read.py` beside it), each process on a
+   core of its own: a READ from a target that never calls into NIXL, with
    no progress thread and with one pausing each of `PAUSES_US`, over UCX's
    default transports and over tcp alone; and the CPU time the idle target
    spent meanwhile.
@@ -19,10 +19,10 @@ this checkout):
    thread pausing `--pause-ms` in every agent of both servers ("progress
    thread, both servers") or of the prefill server alone ("progress thread,
    prefill"), arms interleaved over rounds. NIXL's Python API cannot set
-   the pause (`benchmarks/nixl_progress_pause.py` says why), so a server
+   the pause (`benchmarks/investigations/nixl_progress_pause.py` says why), so a server
    with the thread runs in an environment of its own whose startup sets it.
 
-Usage: python -m benchmarks.pd_progress_pause [RELEASE] [--rounds N]
+Usage: python -m benchmarks.investigations.pd_progress_pause [RELEASE] [--rounds N]
     [--concurrency C ...] [--prompts N] [--pause-ms MS] [--agents-only]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """

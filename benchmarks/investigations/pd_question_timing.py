@@ -11,7 +11,7 @@ The P/D pair of `benchmarks/pd_decode_reuse.py` (tiny Qwen3.5 hybrid, each
 server confined to its core, the decode cache capped), plain NixlConnector
 and MultiConnector[NixlConnector, DecodeBenchConnector] on the decode side,
 this checkout's patched build in an environment of its own whose decode
-processes time each pulled request (`benchmarks/read_question_timing.py`).
+processes time each pulled request (`read_question_timing.py` beside it).
 Per concurrency and decode side, over every request of every round: the
 median and 90th percentile of
 
@@ -29,7 +29,7 @@ was there when the scheduler added them. `vllm bench serve`'s median TTFT
 and TPOT of the same runs give the scale. The decode sides run one after
 the other, each over every round.
 
-Usage: python -m benchmarks.pd_question_timing [RELEASE] [--rounds N]
+Usage: python -m benchmarks.investigations.pd_question_timing [RELEASE] [--rounds N]
     [--concurrency C ...] [--prompts N]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """

@@ -8,9 +8,9 @@ CPU (`nixl-cpu-no-busy-progress-thread`). With a pause the thread sleeps in
 rounded up to a millisecond (NIXL's `nixlUcxSharedThread`), so it still
 wakes at once when a peer's request arrives.
 
-Not part of the product: `benchmarks/pd_progress_pause.py` puts this file
+Not part of the product: `benchmarks/investigations/pd_progress_pause.py` puts this file
 into an environment of its own, with a `.pth` line that calls `install`,
-and `benchmarks/nixl_idle_read.py` calls it directly. It touches NIXL's
+and `benchmarks/investigations/nixl_idle_read.py` calls it directly. It touches NIXL's
 module only while an agent is built, which every NIXL release need not
 allow: `install` fails loudly where the module differs.
 """

@@ -9,7 +9,7 @@ returning other than None), with how many attempts found no answer before
 it. Each such request becomes one JSON line in a file of its process under
 the folder given to `install`.
 
-Not part of the product: `benchmarks/pd_question_timing.py` puts this file
+Not part of the product: `pd_question_timing.py` beside it puts this file
 into an environment of its own, with a `.pth` line that calls `install`.
 It wraps the patched NIXL scheduler's private methods as every pinned
 release's series names them, when their modules are imported, so that

@@ -3,8 +3,8 @@ the read is in flight: what a decode server's read meets at a CPU prefill
 server whose engine has stopped stepping. Two processes on this machine,
 the real NIXL and UCX of the release environment, 1 MiB of host memory.
 
-    python benchmarks/nixl_idle_read.py target DIR PAUSE_US
-    python benchmarks/nixl_idle_read.py reader DIR
+    python benchmarks/investigations/nixl_idle_read.py target DIR PAUSE_US
+    python benchmarks/investigations/nixl_idle_read.py reader DIR
 
 The target builds its agent without a progress thread (PAUSE_US 0, as
 `nixl-cpu-no-busy-progress-thread` builds a CPU server's) or with one that
@@ -15,7 +15,7 @@ after their handshake (the target never loads the reader's), and reads the
 target's buffer twice while it idles (the first read opens the connection)
 and prints how long each took, or that it had not completed within
 `READ_LIMIT_S`. Both print one JSON object; DIR is where they swap
-their metadata. `benchmarks/pd_progress_pause.py` runs them.
+their metadata. `benchmarks/investigations/pd_progress_pause.py` runs them.
 """
 
 import json

@@ -21,7 +21,7 @@ one server then capped alike), run and reported as
 arms interleaved, every ratio the median over rounds of each round's ratio
 with its min-max.
 
-Usage: python -m benchmarks.pd_confine [RELEASE] [--rounds N]
+Usage: python -m benchmarks.investigations.pd_confine [RELEASE] [--rounds N]
     [--concurrency C ...] [--prompts N] [--caches capped uncapped]
 (the release's test environment must exist: tools/test.sh RELEASE)
 """
