@@ -7,13 +7,13 @@ inside or outside every range by its version alone, so pinning one edits only
 the entries whose range must change. The bounds are versions, pinned or not.
 """
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.toml_files import read_toml
 
 # The file of upstream's tests, relative to the repository root; ours is
 # tests/deselected.toml.
@@ -78,10 +78,7 @@ def load_deselections(path: Path) -> list[Deselection]:
     a `test` (node id, or a file or directory to ignore), a non-empty
     `reason`, and optionally the `since` and `until` releases it applies
     between (inclusive)."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise OverlayError(f"cannot load {path}: {exc}") from None
+    data = read_toml(path, "deselection file")
     entries = data.get("deselect", [])
     if not isinstance(entries, list):
         raise OverlayError(f"{path}: `deselect` must be an array of tables")

@@ -18,6 +18,7 @@ from packaging.version import Version
 from vllm_overlay.common import atomic
 from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.common.locations import PINS_FILE, patches_root
+from vllm_overlay.common.toml_files import read_toml
 from vllm_overlay.series.deselections import release_version, within
 from vllm_overlay.series.pins import Dist, load_pins
 
@@ -25,13 +26,7 @@ FACTS_FILE = Path("vllm") / "release-facts.toml"
 
 
 def _facts(root: Path) -> dict[str, object]:
-    path = root / FACTS_FILE
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise OverlayError(f"release facts file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise OverlayError(f"{path} is not valid TOML: {exc}") from None
+    return read_toml(root / FACTS_FILE, "release facts file")
 
 
 def e2e_release(root: Path | None = None) -> str:

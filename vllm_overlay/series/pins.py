@@ -6,7 +6,6 @@ that is not pinned here.
 """
 
 import re
-import tomllib
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -16,6 +15,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.toml_files import read_toml
 
 
 class Dist(StrEnum):
@@ -113,12 +113,7 @@ def parse_dist(value: object, where: str = "") -> Dist:
 
 def load_pins(path: Path) -> dict[str, ReleasePin]:
     """Parse and validate the pins file; any defect is an `OverlayError`."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise OverlayError(f"pins file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise OverlayError(f"pins file {path} is not valid TOML: {exc}") from None
+    data = read_toml(path, "pins file")
     releases = data.get("releases")
     if not isinstance(releases, dict) or not releases:
         raise OverlayError(f"pins file {path} has no [releases] table")

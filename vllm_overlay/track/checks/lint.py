@@ -33,7 +33,6 @@ than claim them well-formed.
 
 import ast
 import sys
-import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from vllm_overlay.common import cache_layout
 from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.common.git import git_run
 from vllm_overlay.common.locations import PINS_FILE, cache_root
+from vllm_overlay.common.toml_files import read_toml
 from vllm_overlay.series.checks import series_problems
 from vllm_overlay.series.deselections import (
     OUR_DESELECTIONS_FILE,
@@ -240,9 +240,9 @@ def _kept_tests(repo_root: Path) -> tuple[dict[str, str], list[str]]:
     if not path.is_file():
         return {}, []
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        return {}, [f"{KEPT_FILE}: not valid TOML ({exc})"]
+        data = read_toml(path, "kept-tests file")
+    except OverlayError as exc:
+        return {}, [str(exc)]
     kept = data.get("kept", {})
     if set(data) - {"kept"} or not isinstance(kept, dict):
         return {}, [f"{KEPT_FILE}: holds one table, [kept]: test id = reason"]

@@ -7,7 +7,6 @@ of the patch that was checked: each entry keeps that patch's sha256, so a
 patch edited since shows as "stale" instead of borrowing an old verdict.
 """
 
-import tomllib
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ import tomli_w
 
 from vllm_overlay.common import atomic
 from vllm_overlay.common.errors import OverlayError
+from vllm_overlay.common.toml_files import read_toml
 from vllm_overlay.series.model import Patch
 
 VERDICTS_FILE = Path("vllm") / "verdicts.toml"
@@ -40,10 +40,7 @@ def read_verdicts(root: Path) -> dict[tuple[str, str], RecordedVerdict]:
     path = root / VERDICTS_FILE
     if not path.is_file():
         return {}
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise OverlayError(f"{path}: not valid TOML ({exc})") from None
+    data = read_toml(path, "verdicts file")
     recorded = {}
     for release, patches in data.get("verdicts", {}).items():
         for name, entry in patches.items():

@@ -15,7 +15,6 @@ fails until it is pinned or recorded under `[skipped]` there with the reason.
 import datetime
 import json
 import os
-import tomllib
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from packaging.version import InvalidVersion, Version
 
 from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.common.locations import PINS_FILE
+from vllm_overlay.common.toml_files import read_toml
 from vllm_overlay.series.pins import Dist, load_pins
 from vllm_overlay.upstream.requirements import requirement_lines
 
@@ -175,13 +175,7 @@ def _watched(root: Path) -> dict[str, tuple[str, ...]]:
 
 
 def _watch_table(root: Path) -> dict[str, object]:
-    where = root / WATCH_FILE
-    try:
-        return tomllib.loads(where.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise OverlayError(f"no {where}: the release watch reads it") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise OverlayError(f"{where}: {exc}") from None
+    return read_toml(root / WATCH_FILE, "release watch file")
 
 
 def _pins_in(path: Path, package: str) -> set[Version]:
