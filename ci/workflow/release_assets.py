@@ -10,8 +10,9 @@ publish the release (and the index that links it). What it refuses:
 - an asset whose bytes differ from the file sent;
 - `SHA256SUMS` and `wheels.json` that do not list, with their right sha256,
   exactly the patched wheels (every wheel asset but vllm-overlay's own);
-- a patched wheel without its CycloneDX SBOM (`<wheel>.cdx.json`), or one that
-  does not describe that wheel's project and version.
+- a patched wheel without its CycloneDX SBOM (`<wheel>.cdx.json`), or one whose
+  subject is not that wheel's project and version, or that lists no
+  dependencies or one without a purl (`ci/workflow/sbom.py` writes them).
 
 The build provenance attestations are checked by `gh attestation verify` in
 the workflow itself: they live in GitHub's attestation store, not here.
@@ -111,9 +112,20 @@ def _sbom_problems(kept: dict[str, Path]) -> list[str]:
         if not isinstance(bom, dict) or bom.get("bomFormat") != "CycloneDX":
             problems.append(f"{sbom.name} is not a CycloneDX SBOM")
             continue
+        subject = (bom.get("metadata") or {}).get("component")
+        if not _describes(subject, project, version):
+            problems.append(f"{sbom.name} is not the SBOM of {project} {version}")
         components = bom.get("components") or []
-        if not any(_describes(c, project, version) for c in components):
-            problems.append(f"{sbom.name} lists no component {project} {version}")
+        unnamed = [
+            str(c.get("name")) if isinstance(c, dict) else repr(c)
+            for c in components
+            if not (isinstance(c, dict) and str(c.get("purl", "")).startswith("pkg:"))
+        ]
+        if not components or unnamed:
+            problems.append(
+                f"{sbom.name} lists no dependencies, or some without a purl: "
+                f"{', '.join(unnamed) or 'none listed'}"
+            )
     return problems
 
 

@@ -32,9 +32,10 @@ def make_wheel(
     name: str | None = None,
     version: str | None = None,
     requires_python: str | None = None,
+    requires: tuple[str, ...] = (),
 ) -> Path:
     """A minimal wheel: one module and a dist-info whose METADATA says `name`
-    and `version` (by default those of `filename`)."""
+    and `version` (by default those of `filename`), and `requires`."""
     stem_name, stem_version = filename.split("-")[:2]
     metadata = (
         "Metadata-Version: 2.1\n"
@@ -42,6 +43,7 @@ def make_wheel(
     )
     if requires_python:
         metadata += f"Requires-Python: {requires_python}\n"
+    metadata += "".join(f"Requires-Dist: {line}\n" for line in requires)
     path = folder / filename
     folder.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w") as archive:

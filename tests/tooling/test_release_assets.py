@@ -1,10 +1,10 @@
-"""The draft check of the release workflow (`python -m ci.workflow.release_assets`),
-run here on assets made as the workflow makes them: the wheels, SBOMs in the
-shape `cyclonedx-py environment` writes (a `components` list naming each
-installed distribution), and `vllm-overlay index`'s SHA256SUMS and listing.
-The draft is stood in by a copy of what was sent; each case changes what
-GitHub could have changed."""
+"""The draft check of the release workflow (`python -m
+ci.workflow.release_assets`), run here on assets made as the workflow makes
+them: the wheels, their SBOMs written by `ci/workflow/sbom.py`, and `vllm-overlay
+index`'s SHA256SUMS and listing. The draft is stood in by a copy of what was
+sent; each case changes what GitHub, or a broken step, could have changed."""
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -13,34 +13,25 @@ import pytest
 from test_index import CPU_WHEEL, GPU_WHEEL, TOOL_WHEEL, make_wheel
 
 from ci.workflow.release_assets import main
+from ci.workflow.sbom import main as write_sboms
 from vllm_overlay.wheel.index import write_index
 
 BASE = "https://github.com/o/r/releases/download/v0.3.0"
 
 
-def sbom(path: Path, name: str, version: str) -> Path:
-    bom = {
-        "bomFormat": "CycloneDX",
-        "specVersion": "1.6",
-        "components": [{"type": "library", "name": name, "version": version}],
-    }
-    path.write_text(json.dumps(bom))
-    return path
-
-
 @pytest.fixture
 def sent(tmp_path: Path) -> list[Path]:
     dist = tmp_path / "release" / "dist"
-    wheels = [make_wheel(dist, CPU_WHEEL), make_wheel(dist, GPU_WHEEL)]
+    wheels = [
+        make_wheel(dist, name, requires=("torch==2.9.0",))
+        for name in (CPU_WHEEL, GPU_WHEEL)
+    ]
     tool = make_wheel(tmp_path / "release" / "tool", TOOL_WHEEL, name="vllm-overlay")
     sboms = tmp_path / "release" / "sbom"
-    sboms.mkdir()
-    boms = [
-        sbom(sboms / f"{wheel.name}.cdx.json", "vllm", wheel.name.split("-")[1])
-        for wheel in wheels
-    ]
+    assert write_sboms([str(dist), str(sboms)]) == 0
     site = tmp_path / "site"
     write_index(dist, site, BASE)
+    boms = sorted(sboms.iterdir())
     return [*wheels, tool, *boms, site / "SHA256SUMS", site / "wheels.json"]
 
 
@@ -108,12 +99,14 @@ def test_a_wheel_without_its_sbom_is_refused(capsys, tmp_path, sent):
 
 
 def test_an_sbom_of_another_build_is_refused(capsys, tmp_path, sent):
-    bom = next(p for p in sent if p.name == f"{GPU_WHEEL}.cdx.json")
-    sbom(bom, "vllm", "0.32.0+hybridkv.2")
+    bom_path = next(p for p in sent if p.name == f"{GPU_WHEEL}.cdx.json")
+    bom = json.loads(bom_path.read_text())
+    bom["metadata"]["component"]["version"] = "0.32.0+hybridkv.2"
+    bom_path.write_text(json.dumps(bom))
     draft = draft_of(tmp_path, sent)
     assert check(capsys, draft, sent) == (
         1,
-        [f"::error::{GPU_WHEEL}.cdx.json lists no component vllm 0.32.0+hybridkv.3"],
+        [f"::error::{GPU_WHEEL}.cdx.json is not the SBOM of vllm 0.32.0+hybridkv.3"],
     )
 
 
@@ -137,4 +130,47 @@ def test_a_missing_sent_file_is_one_line(capsys, tmp_path, sent):
     assert (code, errors) == (
         1,
         [f"vllm-overlay: error: not a file sent: {tmp_path / 'nothing.whl'}"],
+    )
+
+
+def test_the_sbom_is_the_wheel_and_the_requirements_it_declares(tmp_path):
+    requires = (
+        "torch==2.9.0",
+        "nixl>=1.5; platform_machine == 'x86_64'",
+        "pytest; extra == 'test'",
+    )
+    wheel = make_wheel(tmp_path / "dist", GPU_WHEEL, requires=requires)
+    assert write_sboms([str(tmp_path / "dist"), str(tmp_path / "sbom")]) == 0
+    bom = json.loads((tmp_path / "sbom" / f"{GPU_WHEEL}.cdx.json").read_text())
+    subject = bom["metadata"]["component"]
+    assert (subject["name"], subject["version"], subject["purl"]) == (
+        "vllm",
+        "0.32.0+hybridkv.3",
+        "pkg:pypi/vllm@0.32.0%2Bhybridkv.3",
+    )
+    assert subject["hashes"] == [
+        {"alg": "SHA-256", "content": hashlib.sha256(wheel.read_bytes()).hexdigest()}
+    ]
+    assert [
+        (c["purl"], [p["value"] for p in c["properties"]]) for c in bom["components"]
+    ] == [
+        ("pkg:pypi/nixl", ["nixl>=1.5; platform_machine == 'x86_64'"]),
+        ("pkg:pypi/torch", ["torch==2.9.0"]),
+    ]
+    (graph,) = [d for d in bom["dependencies"] if d["ref"] == subject["bom-ref"]]
+    assert graph["dependsOn"] == ["nixl", "torch"]
+
+
+def test_an_sbom_without_dependencies_is_refused(capsys, tmp_path, sent):
+    bom_path = next(p for p in sent if p.name == f"{CPU_WHEEL}.cdx.json")
+    bom = json.loads(bom_path.read_text())
+    bom["components"] = []
+    bom_path.write_text(json.dumps(bom))
+    draft = draft_of(tmp_path, sent)
+    assert check(capsys, draft, sent) == (
+        1,
+        [
+            f"::error::{CPU_WHEEL}.cdx.json lists no dependencies, or some without "
+            "a purl: none listed"
+        ],
     )
