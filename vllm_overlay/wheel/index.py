@@ -199,6 +199,8 @@ def _release_order(path: Path) -> tuple:
 
 
 def read_listing(path: Path) -> list[IndexedWheel]:
+    """The wheels one listing (`wheels.json`) names, each entry checked;
+    the release workflow's draft check reads its own listing with it."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

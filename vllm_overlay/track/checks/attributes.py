@@ -83,7 +83,7 @@ def _bound_in_body(body: Iterable[ast.stmt]) -> set[str]:
     return names
 
 
-def attribute_reads(source: bytes, filename: str) -> set[str]:
+def _attribute_reads(source: bytes, filename: str) -> set[str]:
     """Every attribute name `source` reads (`x.name` loaded)."""
     try:
         tree = ast.parse(source, filename)
@@ -112,7 +112,7 @@ BUILTIN_NAMES = frozenset(
 )
 
 
-def library_names(source: bytes, filename: str) -> set[str]:
+def _library_names(source: bytes, filename: str) -> set[str]:
     """The attribute names the standard-library modules `source` imports
     supply: each module's, and each of its classes' (a `ThreadPoolExecutor`'s
     `.submit`, its `Future`'s `.done`)."""
@@ -188,10 +188,10 @@ def missing_attributes(
         if content is None or not name.endswith(".py"):
             continue
         before = originals.get(name)
-        added = attribute_reads(content, name) - (
-            attribute_reads(before, name) if before is not None else set()
+        added = _attribute_reads(content, name) - (
+            _attribute_reads(before, name) if before is not None else set()
         )
-        library = BUILTIN_NAMES | library_names(content, name)
+        library = BUILTIN_NAMES | _library_names(content, name)
         lacking = sorted(
             attr
             for attr in added - supplied - library

@@ -16,7 +16,9 @@ dropped patches, it checks what ties them to the rest of the checkout:
   release's cached sources, so a corrupted context line is found here rather
   than as an out-of-date `PATCHES.md`, and leaves no module reading a name it
   neither defines nor imports, so a replayed patch that relied on an import of
-  its own release is found here rather than minutes into the probes;
+  its own release is found here rather than minutes into the probes, nor an
+  attribute the release defines nowhere while another pinned release does
+  (`attributes.py`: code merged onto a release older than the API it reads);
 - each series is the one its release's `revision` was recorded for (the
   `series_digest` `vllm-overlay pin --bump` writes), so a changed series
   never reaches a build under the version of the old one;

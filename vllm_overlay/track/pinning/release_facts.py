@@ -40,7 +40,7 @@ def facts_after_pin(
     NIXL it pins, the conv state layout its CPU platform forces, the
     `upstream_tests` entries it decides, with the evidence for each). When
     the sources cannot be fetched, that, and the entries pinning may have
-    made wrong (`later_since_lines`)."""
+    made wrong (`_later_since_lines`)."""
     root = root or patches_root()
     if not (root / FACTS_FILE).is_file():
         return []
@@ -50,12 +50,12 @@ def facts_after_pin(
         return [
             f"not checked against vLLM {pin.version}'s sources, which could not "
             f"be fetched: {exc}",
-            *later_since_lines(pin.version, root),
+            *_later_since_lines(pin.version, root),
         ]
     return settle_new_release_facts(pin.version, root, cache)
 
 
-def later_since_lines(version: str, root: Path) -> list[str]:
+def _later_since_lines(version: str, root: Path) -> list[str]:
     """Lines naming the `upstream_tests` entries of the release facts whose
     `since` is later than the newly pinned `version`, or none.
 
