@@ -602,6 +602,18 @@ def wait_until_promised(prefill: Scheduler, finished: Request, reader: str) -> b
     return False
 
 
+def answered_on_receipt(decode: Scheduler, request_id: str) -> None:
+    """Wait (bounded) until the answer to the question asked as the engine
+    received `request_id` has reached the decode side. The prefill side's
+    listener records its promise before the answer travels back; in a
+    server the engine's step outlasts that round trip, but on a busy host
+    the scheduler's first attempt could otherwise run in between and find
+    the request unanswered (a CI run of 0.31.0 did)."""
+    connector: Any = decode.connector
+    asked = (connector.connector_scheduler._asked_on_receipt or {})[request_id]
+    asked[1].answer.result(timeout=MAX_STEPS * STEP_S)
+
+
 def test_decode_side_asks_as_the_engine_receives_a_request(
     prefill: Scheduler, make_scheduler: MakeScheduler
 ) -> None:
@@ -624,13 +636,7 @@ def test_decode_side_asks_as_the_engine_receives_a_request(
         "the engine received it: the question waits for the scheduler, whose "
         "first attempt then finds no answer"
     )
-    # The listener records the promise before its answer travels back: wait
-    # (bounded) for the answer to reach the decode side too, as it has by
-    # the scheduler's first attempt when the engine's step outlasts a round
-    # trip; a busy host otherwise lets the attempt run in between.
-    connector: Any = decode.connector
-    asked = (connector.connector_scheduler._asked_on_receipt or {})[DECODE_REQUEST]
-    asked[1].answer.result(timeout=MAX_STEPS * STEP_S)
+    answered_on_receipt(decode, DECODE_REQUEST)
     decode.add_request(request)
     decode.schedule()
     assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS, (
@@ -657,6 +663,7 @@ def test_a_retry_received_behind_its_first_try_asks_nothing(
     assert wait_until_promised(prefill, finished, reader_of(decode, first_id)), (
         f"the prefill side did not promise the blocks to the first try {first_id!r}"
     )
+    answered_on_receipt(decode, first_id)
     decode.add_request(first)
     decode.add_request(retry)
     decode.schedule()
