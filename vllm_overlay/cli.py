@@ -32,11 +32,7 @@ from vllm_overlay.track.rebasing.rebase import (
 )
 from vllm_overlay.track.rebasing.refresh import refresh
 from vllm_overlay.track.rebasing.round_trip import refresh_check
-from vllm_overlay.track.records.readme_table import (
-    README_FILE,
-    render_release_table,
-    with_release_table,
-)
+from vllm_overlay.track.records.generated import generated_files
 from vllm_overlay.track.records.table import TABLE_FILE, render_table
 from vllm_overlay.track.records.verdicts import VERDICTS_FILE
 from vllm_overlay.track.status.judging import Verdict
@@ -124,15 +120,7 @@ def _table(args: argparse.Namespace) -> int:
     if not (args.write or args.check):
         print(table, end="")
         return 0
-    readme = root.parent / README_FILE
-    if not readme.is_file():
-        raise OverlayError(f"no {readme}: its table of pinned releases is generated")
-    generated = {
-        root.parent / TABLE_FILE: table,
-        readme: with_release_table(
-            readme.read_text(encoding="utf-8"), render_release_table(root), readme
-        ),
-    }
+    generated = generated_files(root, table)
     if args.check:
         stale = [
             str(target)

@@ -15,7 +15,7 @@ from vllm_overlay.track.records.readme_table import (
     END,
     README_FILE,
     render_release_table,
-    with_release_table,
+    with_generated_table,
 )
 from vllm_overlay.track.records.table import TABLE_FILE, render_table
 
@@ -102,9 +102,10 @@ def test_history_entry_with_a_missing_key_fails_lint(project):
 def test_readme_table_of_pinned_releases_is_current():
     readme = REPO / README_FILE
     text = readme.read_text(encoding="utf-8")
-    assert with_release_table(text, render_release_table(REPO / "patches"), readme) == (
-        text
-    ), "README.md's pinned releases are out of date: run `vllm-overlay table --write`"
+    table = render_release_table(REPO / "patches")
+    assert with_generated_table(text, table, readme) == text, (
+        "README.md's pinned releases are out of date: run `vllm-overlay table --write`"
+    )
 
 
 def test_readme_table_names_each_pinned_build(project, capsys):
@@ -130,7 +131,7 @@ def test_readme_without_the_markers_is_refused(project, capsys):
 
     assert main(["table", "--write"]) == 1
 
-    assert "has no table of pinned releases to write" in capsys.readouterr().err
+    assert "has no generated table to write" in capsys.readouterr().err
     assert readme.read_text() == "# demo\n"
     assert not (project.root / TABLE_FILE).exists()
 

@@ -70,6 +70,7 @@ from vllm_overlay.series.model import (
 from vllm_overlay.series.pins import ReleasePin, load_pins
 from vllm_overlay.track.checks.attributes import missing_attributes, package_names
 from vllm_overlay.track.checks.names import new_unbound_names
+from vllm_overlay.track.pinning.platform_sources import platform_problems
 from vllm_overlay.track.records.history import (
     HISTORY_FILE,
     history_changes,
@@ -423,8 +424,9 @@ def release_facts(checkout: Checkout) -> list[str]:
     """The `since` of each `upstream_tests` entry of the release facts
     against the pinned releases, and against their sources where the cache
     holds them (`facts.since_problems`: without network, that is all lint
-    can know), and the deselection files' entries, each of which must parse
-    and hold a pinned release in its range. A checkout without these files
+    can know), each release's `[platform]` entry likewise, and the
+    deselection files' entries, each of which must parse and hold a pinned
+    release in its range. A checkout without these files
     (not this repository) is skipped, and said so."""
     problems = []
     facts = checkout.patches_root / FACTS_FILE
@@ -438,6 +440,7 @@ def release_facts(checkout: Checkout) -> list[str]:
             problems += since_problems(checkout.patches_root, sources)
         except OverlayError as exc:
             problems.append(str(exc))
+        problems += platform_problems(checkout.patches_root, sources)
         for read in (forced_sd_checks, triton_cpu_standin_releases):
             try:
                 read(checkout.patches_root)

@@ -26,6 +26,7 @@ from vllm_overlay.series.facts import (
     write_since,
 )
 from vllm_overlay.series.pins import ReleasePin, load_pins
+from vllm_overlay.track.pinning.platform_sources import platform_problem
 from vllm_overlay.upstream.fetch import cached_sdist_tree, fetch_sdist_tree
 from vllm_overlay.upstream.requirements import requirement_lines
 
@@ -118,7 +119,16 @@ def settle_new_release_facts(
         *_settle_since(version, patches_root, sources),
         *nixl_pin_line(version, tree, patches_root),
         *forced_sd_line(version, tree, patches_root),
+        *_platform_line(version, tree, patches_root),
     ]
+
+
+def _platform_line(version: str, tree: Path, patches_root: Path) -> list[str]:
+    """The `[platform]` entry to write for `version`, as its sources decide
+    (the Installation page's table is written from it), or nothing when the
+    facts record it already."""
+    problem = platform_problem(patches_root, version, tree)
+    return [problem] if problem else []
 
 
 def forced_sd_line(version: str, tree: Path, patches_root: Path) -> list[str]:

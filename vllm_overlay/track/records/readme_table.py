@@ -78,14 +78,18 @@ def _build(pin: ReleasePin, dist: Dist) -> str:
     return f"`{pin.version}+{pin.label(dist)}`"
 
 
-def with_release_table(readme: str, table: str, path: Path) -> str:
-    """`readme` with the lines between its two marker lines replaced by
+def with_generated_table(
+    text: str, table: str, path: Path, markers: tuple[str, str] = (BEGIN, END)
+) -> str:
+    """`text` (of the file at `path`) with the lines between its two marker
+    lines (README's table of pinned releases by default) replaced by
     `table`."""
-    begin = readme.find(BEGIN + "\n")
-    end = readme.find("\n" + END + "\n", begin)
+    begin_marker, end_marker = markers
+    begin = text.find(begin_marker + "\n")
+    end = text.find("\n" + end_marker + "\n", begin)
     if begin < 0 or end < 0:
         raise OverlayError(
-            f"{path} has no table of pinned releases to write: put the lines "
-            f"{BEGIN!r} and {END!r} where it goes"
+            f"{path} has no generated table to write: put the lines "
+            f"{begin_marker!r} and {end_marker!r} where it goes"
         )
-    return readme[: begin + len(BEGIN) + 1] + table + readme[end + 1 :]
+    return text[: begin + len(begin_marker) + 1] + table + text[end + 1 :]
