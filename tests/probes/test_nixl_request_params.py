@@ -87,6 +87,10 @@ MALFORMED = {
         setting("remote_confirms_reads", "yes"),
         "remote_confirms_reads",
     ),
+    "remote_reads_question as text": (
+        setting("remote_reads_question", "two"),
+        "remote_reads_question",
+    ),
     "remote_reads_held_until from a client": (
         setting("remote_reads_held_until", ["boot-id", 1e18]),
         "remote_reads_held_until",

@@ -42,6 +42,12 @@ class Platform:
         return f'"{version}" = {{ {values} }}'
 
 
+def records_platforms(root: Path) -> bool:
+    """Whether the release facts have a `[platform]` table (a checkout
+    whose facts record none, as a test's, has nothing to check)."""
+    return TABLE in read_toml(root / FACTS_FILE, "release facts file")
+
+
 def recorded_platforms(root: Path) -> dict[str, Platform]:
     """`[platform]` of the release facts: pinned release -> its entry. An
     entry for a release not pinned, a missing or unknown field, or a

@@ -68,6 +68,7 @@ from vllm_overlay.series.model import (
     series_dir,
 )
 from vllm_overlay.series.pins import ReleasePin, load_pins
+from vllm_overlay.series.platforms import records_platforms
 from vllm_overlay.track.checks.attributes import missing_attributes, package_names
 from vllm_overlay.track.checks.names import new_unbound_names
 from vllm_overlay.track.pinning.platform_sources import platform_problems
@@ -426,8 +427,7 @@ def release_facts(checkout: Checkout) -> list[str]:
     holds them (`facts.since_problems`: without network, that is all lint
     can know), each release's `[platform]` entry likewise, and the
     deselection files' entries, each of which must parse and hold a pinned
-    release in its range. A checkout without these files
-    (not this repository) is skipped, and said so."""
+    release in its range. What a checkout lacks is skipped, and said so."""
     problems = []
     facts = checkout.patches_root / FACTS_FILE
     if facts.is_file():
@@ -440,7 +440,10 @@ def release_facts(checkout: Checkout) -> list[str]:
             problems += since_problems(checkout.patches_root, sources)
         except OverlayError as exc:
             problems.append(str(exc))
-        problems += platform_problems(checkout.patches_root, sources)
+        if records_platforms(checkout.patches_root):
+            problems += platform_problems(checkout.patches_root, sources)
+        else:
+            _skipped("the release facts' [platform]", f"{facts} has no such table")
         for read in (forced_sd_checks, triton_cpu_standin_releases):
             try:
                 read(checkout.patches_root)

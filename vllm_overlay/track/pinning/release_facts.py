@@ -26,6 +26,7 @@ from vllm_overlay.series.facts import (
     write_since,
 )
 from vllm_overlay.series.pins import ReleasePin, load_pins
+from vllm_overlay.series.platforms import records_platforms
 from vllm_overlay.track.pinning.platform_sources import platform_problem
 from vllm_overlay.upstream.fetch import cached_sdist_tree, fetch_sdist_tree
 from vllm_overlay.upstream.requirements import requirement_lines
@@ -126,7 +127,9 @@ def settle_new_release_facts(
 def _platform_line(version: str, tree: Path, patches_root: Path) -> list[str]:
     """The `[platform]` entry to write for `version`, as its sources decide
     (the Installation page's table is written from it), or nothing when the
-    facts record it already."""
+    facts record it already, or record no platforms at all."""
+    if not records_platforms(patches_root):
+        return []
     problem = platform_problem(patches_root, version, tree)
     return [problem] if problem else []
 
