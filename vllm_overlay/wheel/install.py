@@ -25,7 +25,7 @@ from packaging.version import Version
 from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.common.locations import cache_root, series_root
 from vllm_overlay.runtime.installed import InstalledVllm, installed_vllm
-from vllm_overlay.series.loader import pinned_releases, release_series
+from vllm_overlay.series.loader import carried_series, pinned_releases
 from vllm_overlay.series.manifest import read_installed_manifest
 from vllm_overlay.series.model import Series
 from vllm_overlay.series.pins import Dist
@@ -95,7 +95,7 @@ def plan_install(revert: bool = False) -> InstallPlan:
             f"the installed {installed.dist.value} {installed.version} is "
             "upstream's already: nothing to revert"
         )
-    series = release_series(release, root)
+    series = carried_series(root, pins[release])
     pins[release].wheel_for(dist)  # refuses a platform with no pinned wheel
     if not revert:
         installed.verified_sources(series.touched_files)

@@ -21,7 +21,7 @@ from packaging.version import Version
 from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.common.locations import cache_root, series_root
 from vllm_overlay.runtime.installed import installed_vllm
-from vllm_overlay.series.loader import pinned_releases, release_series
+from vllm_overlay.series.loader import carried_series, pinned_releases
 from vllm_overlay.series.manifest import read_installed_manifest
 from vllm_overlay.series.pins import Dist, WheelPin
 from vllm_overlay.upstream.fetch import (
@@ -160,7 +160,7 @@ def _rebuild(
 ) -> _Rebuilt:
     """The patched wheel of version `version_text` (`X+hybridkv.N` or
     `X+cpu.hybridkv.N`) for `tags`, rebuilt into `scratch` from this
-    checkout's pins and series; `what` names the build checked."""
+    vllm-overlay's pins and series; `what` names the build checked."""
     version = Version(version_text)
     label = _LABEL.fullmatch(version.local or "")
     if label is None:
@@ -189,14 +189,7 @@ def _rebuild(
             f"({', '.join(sorted(str(tag) for tag in tags))}): verify it on a "
             "machine of that platform"
         )
-    series = release_series(release, root)
-    if series.digest != pin.series_digest:
-        raise OverlayError(
-            f"this vllm-overlay's series of vLLM {release} is not the one recorded for "
-            f"revision {revision} (`vllm-overlay pin --bump {release}` records a "
-            "changed series under a new revision): verify with the series as "
-            "committed"
-        )
+    series = carried_series(root, pin)
     source = fetch_wheel(pin, dist, cache or cache_root())
     wheel = build_patched_wheel(source, series, scratch)
     return _Rebuilt(release, dist, revision, upstream, wheel)
