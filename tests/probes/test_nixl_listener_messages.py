@@ -30,21 +30,20 @@ from typing import Any
 
 import msgspec
 import pytest
+import test_nixl_read_confirmation as confirmation
 import zmq
 from nixl_sides import prefill_side_finished
-from test_nixl_read_confirmation import (  # noqa: F401 (fixtures)
-    NUM_TOKENS,
-    _fixed_block_hash_seed,
-    free_port,
-    listener_answer,
-    prefill,
-    question,
-)
+from test_nixl_read_confirmation import NUM_TOKENS, free_port, listener_answer, question
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_overlay.series.manifest import read_installed_manifest
 from vllm_overlay.testing.pristine import pristine_sources
+
+# The read confirmation probes' fixtures: the prefill side's scheduler with
+# its listener serving on 127.0.0.1, and the block hash seed.
+prefill = confirmation.prefill
+_fixed_block_hash_seed = confirmation._fixed_block_hash_seed
 
 GET_META_MSG = b"get_meta_msg"
 # 0.22.1's handshake names a tensor-parallel rank only, and its answer is
@@ -77,7 +76,7 @@ def frames_from(port: int, message: bytes) -> list[bytes] | None:
         context.term()
 
 
-def test_prefill_listener_serves_on_after_any_message(prefill: Scheduler) -> None:  # noqa: F811
+def test_prefill_listener_serves_on_after_any_message(prefill: Scheduler) -> None:
     """Bytes that are not msgpack, a message of another length and a
     handshake naming ranks the server does not have each get an answer
     ("nothing held"), and a handshake after them gets its metadata."""
@@ -106,7 +105,7 @@ def test_prefill_listener_serves_on_after_any_message(prefill: Scheduler) -> Non
 
 
 def test_prefill_listener_answers_the_question_in_either_shape(
-    prefill: Scheduler,  # noqa: F811
+    prefill: Scheduler,
 ) -> None:
     """The listener answers the question inside a handshake's message, as
     the decode side of this revision asks it, and in the shape earlier

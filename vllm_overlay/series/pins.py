@@ -66,6 +66,10 @@ class ReleasePin:
     # `vllm-overlay pin --bump` records one): `lint` fails when they differ.
     series_digest: str | None = None
 
+    def has_dist(self, dist: Dist) -> bool:
+        """Whether a wheel of `dist` is pinned for this release."""
+        return any(wheel.dist == dist for wheel in self.wheels)
+
     def wheel_for(self, dist: Dist, tags: list[Tag] | None = None) -> WheelPin:
         """The pinned wheel of `dist` that installs here (the first of the
         interpreter's supported tags that any pinned wheel carries), or the one

@@ -8,7 +8,6 @@ from pathlib import Path
 from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.series.facts import FACTS_FILE
 from vllm_overlay.track.records import install_table
-from vllm_overlay.track.records.install_table import INSTALL_PAGE, render_install_table
 from vllm_overlay.track.records.readme_table import (
     README_FILE,
     render_release_table,
@@ -34,14 +33,14 @@ def generated_files(patches_root: Path, patches_table: str) -> dict[Path, str]:
         ),
     }
     if (patches_root / FACTS_FILE).is_file():
-        page = checkout / INSTALL_PAGE
+        page = checkout / install_table.INSTALL_PAGE
         if not page.is_file():
             raise OverlayError(
                 f"no {page}: its table of what each release needs is generated"
             )
         generated[page] = with_generated_table(
             page.read_text(encoding="utf-8"),
-            render_install_table(patches_root),
+            install_table.render_install_table(patches_root),
             page,
             (install_table.BEGIN, install_table.END),
         )

