@@ -119,7 +119,9 @@ def test_prefill_listener_answers_the_question_in_either_shape(
         listener_answer(params, msgspec.msgpack.encode(shape_2)),
     ]
 
-    assert params.get("remote_reads_question") == 2
+    # 2 and later ask inside a handshake's message (3 also names the reader
+    # in each notification: test_nixl_promised_release.py).
+    assert params.get("remote_reads_question", 1) >= 2
     assert all(
         answer is not None and params["remote_request_id"] in answer
         for answer in answers

@@ -72,6 +72,9 @@ from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import (
     MultiConnector,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl import (
+    metadata as nixl_metadata,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
     NixlConnectorMetadata,
@@ -321,12 +324,31 @@ def read_reported(
     return reported(worker, request.request_id)
 
 
-def released(scheduler: Scheduler, request_id: str) -> None:
+def released(scheduler: Scheduler, request_id: str, reader: str | None = None) -> None:
     """The prefill side frees the request's blocks: its worker reported the
-    sending finished (every reader notified it, or its lease ran out), as the
-    scheduler processes a step's output."""
+    sending finished, as the scheduler processes a step's output, once the
+    notifications of `reader` (a decode request, utils.reader_name, named in
+    them as a build that reads names has its worker report:
+    NixlWorkerMetadata.released_by) released them; without `reader`, once
+    their lease ran out or, after any promise to hold them for a reader
+    ended, another read's notification released them. A promise ends before
+    the lease, so none runs then: the probe ends it where a build keeps one
+    (HeldRead.reader_until); releases under a promise are
+    test_nixl_promised_release.py's."""
+    connector: Any = scheduler.connector
+    held = getattr(connector.connector_scheduler, "_held_for_remote_read", None)
+    fields = getattr(nixl_metadata.NixlWorkerMetadata, "__dataclass_fields__", {})
+    worker_meta = None
+    if reader is not None and "released_by" in fields:
+        worker_meta = nixl_metadata.NixlWorkerMetadata(
+            released_by={request_id: {reader}}
+        )
+    elif reader is None and held and request_id in held:
+        held[request_id].reader_until = 0.0
     scheduler._update_from_kv_xfer_finished(
-        KVConnectorOutput(finished_sending={request_id})
+        KVConnectorOutput(
+            finished_sending={request_id}, kv_connector_worker_meta=worker_meta
+        )
     )
 
 
@@ -1148,7 +1170,7 @@ def test_prefill_side_stops_stepping_once_the_read_completed(
     (reader,) = decode_requests(decode, params)
     assert read_reported(decode, reader) == (True, False)
 
-    released(prefill, request.request_id)
+    released(prefill, request.request_id, reader_of(decode, reader.request_id))
 
     assert not prefill.has_requests(), (
         f"the prefill engine still steps for request {request.request_id!r}, "
@@ -1175,7 +1197,10 @@ def test_prefill_side_steps_on_for_a_promised_read_whatever_others_ask(
     decode_requests(first, params)
     (retry,) = decode_requests(second, params)
     read_reported(second, retry)
-    released(prefill, request.request_id)  # an unpatched reader's notification
+    # An unpatched reader's notification, within the promise.
+    prefill._update_from_kv_xfer_finished(
+        KVConnectorOutput(finished_sending={request.request_id})
+    )
 
     time.sleep(0.3)
 
@@ -1225,7 +1250,7 @@ def test_decode_side_skips_asking_again_only_within_the_prefill_sides_promise(
         "the time the prefill side promised to hold its blocks"
     )
 
-    released(prefill, request.request_id)  # the read's notification
+    released(prefill, request.request_id, reader_of(decode, within.request_id))
     late, params = prefill_side_finished(prefill, NUM_TOKENS)
     decode = make_scheduler(nixl_config())
     (after,) = decode_requests(decode, params)
@@ -1287,7 +1312,8 @@ def test_no_other_request_of_the_readers_instance_reads_under_its_promise(
     assert retry.status == RequestStatus.WAITING_FOR_REMOTE_KVS, (
         "the retry was not scheduled to read the blocks the prefill side holds"
     )
-    released(prefill, request.request_id)  # the first read's notification
+    # The first read's notification.
+    released(prefill, request.request_id, reader_of(decode, first.request_id))
 
     received, failed = read_reported(decode, retry)
 
