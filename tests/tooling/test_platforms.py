@@ -145,16 +145,31 @@ def test_lint_names_a_missing_or_wrong_entry_with_the_line_to_write(root, tmp_pa
     assert problem.endswith(f"no entry for 0.32.0: write {DECIDED.toml_line('0.32.0')}")
 
 
-def test_pin_prints_the_entry_a_new_release_needs(root, tmp_path, monkeypatch):
-    """`pin` (through `settle_new_release_facts`) says what to write for the
-    release it pinned, from the sources it fetched."""
-    edit_platform(root, lambda t: t.pop("0.32.0"))
+def test_pin_writes_the_entry_a_new_release_needs(root, tmp_path, monkeypatch):
+    """`pin` (through `settle_new_release_facts`) writes the entry of the
+    release it pinned, as the sources it fetched decide, in release order,
+    every other line kept, and says so."""
+    facts = root / FACTS_FILE
+    lines = facts.read_text().splitlines(keepends=True)
+    (at,) = [n for n, line in enumerate(lines) if line.startswith('"0.32.0" = {')]
+    facts.write_text("".join(lines[:at] + lines[at + 1 :]))
     monkeypatch.setattr(
         "vllm_overlay.track.pinning.release_facts.cached_sdist_tree",
         lambda pin, cache: sources(tmp_path) if pin.version == "0.32.0" else None,
     )
-    lines = settle_new_release_facts("0.32.0", root, tmp_path / "cache")
-    assert f"no entry for 0.32.0: write {DECIDED.toml_line('0.32.0')}" in lines[-1]
+
+    said = settle_new_release_facts("0.32.0", root, tmp_path / "cache")
+
+    assert facts.read_text().splitlines(keepends=True) == [
+        *lines[:at],
+        DECIDED.toml_line("0.32.0") + "\n",
+        *lines[at + 1 :],
+    ]
+    assert said[-1] == (
+        f"{facts}:{at + 1}: [platform]: as vLLM 0.32.0's sources say, wrote "
+        f"{DECIDED.toml_line('0.32.0')}"
+    )
+    assert settle_new_release_facts("0.32.0", root, tmp_path / "cache")[-1] != said[-1]
 
 
 def test_the_install_table_says_what_each_pinned_build_needs(root):

