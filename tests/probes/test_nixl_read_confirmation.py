@@ -337,12 +337,13 @@ def released(scheduler: Scheduler, request_id: str, reader: str | None = None) -
     test_nixl_promised_release.py's."""
     connector: Any = scheduler.connector
     held = getattr(connector.connector_scheduler, "_held_for_remote_read", None)
-    fields = getattr(nixl_metadata.NixlWorkerMetadata, "__dataclass_fields__", {})
+    meta_class = getattr(nixl_metadata, "NixlWorkerMetadata", None)
     worker_meta = None
-    if reader is not None and "released_by" in fields:
-        worker_meta = nixl_metadata.NixlWorkerMetadata(
-            released_by={request_id: {reader}}
-        )
+    if reader is not None and "released_by" in getattr(
+        meta_class, "__dataclass_fields__", {}
+    ):
+        assert meta_class is not None
+        worker_meta = meta_class(released_by={request_id: {reader}})
     elif reader is None and held and request_id in held:
         held[request_id].reader_until = 0.0
     scheduler._update_from_kv_xfer_finished(
@@ -606,15 +607,20 @@ def promised_reader(prefill: Scheduler, finished: Request) -> Any:
     return prefill_side.connector_scheduler._held_for_remote_read[finished.request_id]
 
 
-def reader_of(scheduler: Scheduler, request_id: str) -> str:
-    """The name a decode request asks in (utils.reader_name)."""
+def reader_of(scheduler: Scheduler, request_id: str) -> str | None:
+    """The name a decode request asks in (utils.reader_name); None where a
+    build names no readers (no read confirmation)."""
     utils = importlib.import_module(
         "vllm.distributed.kv_transfer.kv_connector.v1.nixl.utils"
     )
+    if not hasattr(utils, "reader_name"):
+        return None
     return utils.reader_name(decode_engine_id(scheduler), request_id)
 
 
-def wait_until_promised(prefill: Scheduler, finished: Request, reader: str) -> bool:
+def wait_until_promised(
+    prefill: Scheduler, finished: Request, reader: str | None
+) -> bool:
     """Whether the prefill side promised `finished`'s blocks to `reader`
     within the probes' bound."""
     for _ in range(MAX_STEPS):
