@@ -38,7 +38,9 @@ children.
   the arguments the P/D cases give it (`MODEL_ARGS` in `ci/suites/pd/cases.py`:
   its recurrent state in float32, which vLLM 0.22.1's Gated DeltaNet kernel
   for CPUs with AMX tiles requires), so it runs on hosts with AMX and
-  without.
+  without. 0.22.1's Qwen3-Next runs with its MoE activation mended
+  (`QWEN3_NEXT_MOE` in `ci/suites/pd/hosts.py`), so it starts on hosts
+  without AVX-512 too.
 
 Everything but the patched build runs in the unpatched environment of
 `ci/envs/unpatched.py`; all use the tiny models of `ci/fixtures/tiny_model.py`,
@@ -66,7 +68,8 @@ from pathlib import Path
 
 from ci.envs.unpatched import ensure_unpatched_env
 from ci.fixtures.tiny_model import ensure_tiny_model
-from ci.suites.pd.cases import MODEL_ARGS
+from ci.suites.pd.cases import MODEL_ARGS, QWEN3_NEXT
+from ci.suites.pd.hosts import QWEN3_NEXT_MOE
 from ci.suites.servers import Server, free_port, server_environment
 from vllm_overlay.common import cache_layout
 from vllm_overlay.common.errors import OverlayError, report_error
@@ -79,6 +82,8 @@ REJECTION = "validation error for "
 CONNECTOR_BUILT = "Creating v1 connector with name: {} "
 LMCACHE = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"})
 LMCACHE_INERT = "LMCacheConnectorV1 loads and saves nothing for this hybrid model"
+# The hybrids served on a pinned host, as the P/D cases serve them.
+HOST_PINS = {QWEN3_NEXT: QWEN3_NEXT_MOE}
 PARENT_ONLY = """
 import sys
 from vllm_overlay.runtime import source_overlay
@@ -263,34 +268,38 @@ def run_serve_e2e(release: str, cache: Path) -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="vllm-overlay-serve-e2e-") as tmp:
         port = free_port()
         args = serve_args(model, port, kv_transfer_config(Path(tmp)))
-        # (name, check, command, under the overlay, log name)
-        runs: list[tuple[str, Callable[..., Result], list[str], bool, str]] = [
+        plain, overlaid = environment(cache, overlay=False), environment(cache, True)
+        hybrid_env = {**plain, **HOST_PINS.get(hybrid.name, {})}
+        # (name, check, command, environment, log name)
+        runs: list[
+            tuple[str, Callable[..., Result], list[str], dict[str, str], str]
+        ] = [
             (
                 "vllm serve",
                 partial(expect_refusal, where=""),
                 [str(venv / "bin" / "vllm"), "serve", *args],
-                False,
+                plain,
                 "plain",
             ),
             (
                 "vllm-overlay serve",
                 served,
                 [python, "-m", "vllm_overlay", "serve", *args],
-                True,
+                overlaid,
                 "overlay",
             ),
             (
                 "parent-only overlay (control)",
                 partial(expect_refusal, where="(EngineCore"),
                 [python, "-c", PARENT_ONLY, *args],
-                True,
+                overlaid,
                 "parent-only",
             ),
             (
                 "patched build, vllm serve",
                 partial(served, series_lines=0),
                 [str(patched / "bin" / "vllm"), "serve", *args],
-                False,
+                plain,
                 "patched",
             ),
             (
@@ -307,16 +316,16 @@ def run_serve_e2e(release: str, cache: Path) -> list[Result]:
                     *serve_args(hybrid, port, LMCACHE),
                     *MODEL_ARGS[hybrid.name],
                 ],
-                False,
+                hybrid_env,
                 "patched-hybrid",
             ),
         ]
-        for name, check, command, overlay, kind in runs:
+        for name, check, command, env, kind in runs:
             results.append(
                 check(
                     name,
                     command,
-                    environment(cache, overlay=overlay),
+                    env,
                     logs / f"{release}-{kind}.log",
                     port,
                 )

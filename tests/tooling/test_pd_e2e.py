@@ -28,11 +28,12 @@ from ci.suites.pd.cases import (
     connector_name,
 )
 from ci.suites.pd.completions import Completion, compare, make_prompts, parse_completion
-from ci.suites.pd.hosts import NO_AMX
+from ci.suites.pd.hosts import NO_AMX, PINS_VARIABLE, QWEN3_NEXT_MOE, pinned
 from ci.suites.pd.metrics import DecodeCounts, decode_counts, metric_sum, parse_metrics
 from ci.suites.pd.pair import DROP_IN, PATCHED, UNPATCHED, Layout, Pair, serve_command
+from ci.suites.serve_e2e import HOST_PINS
 from vllm_overlay.common.errors import OverlayError
-from vllm_overlay.series.facts import pd_core_cases
+from vllm_overlay.series.facts import gdn_hybrid, pd_core_cases
 
 # Shaped like vLLM 0.32.0's exposition: HELP/TYPE comments, counters with
 # `_total` and `_created`, a histogram's `_sum`, label values with commas.
@@ -482,22 +483,82 @@ ASK_TORCH = (
 )
 
 
+def run_pinned(
+    code: str, path: list[str], pins: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh Python whose path starts with `path`, with the
+    variables of `pins` (a host pin's environment) set."""
+    pins = pins or {}
+    pins_path = [pins["PYTHONPATH"]] if "PYTHONPATH" in pins else []
+    env = {
+        **{k: v for k, v in os.environ.items() if k != PINS_VARIABLE},
+        **pins,
+        "PYTHONPATH": os.pathsep.join([*path, *pins_path]),
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
+
+
 def test_the_host_pin_hides_amx_tiles_without_importing_torch(tmp_path) -> None:
-    torch_root = fake_torch(tmp_path, amx=True)
-    pin = CASE_BY_KEY["qwen3-next-nixl"].env["PYTHONPATH"]
+    torch_root = str(fake_torch(tmp_path, amx=True))
+    pin = CASE_BY_KEY["qwen3-next-nixl"].env
+    assert run_pinned(ASK_TORCH, [torch_root]).stdout.strip() == "False True"
+    assert run_pinned(ASK_TORCH, [torch_root], pin).stdout.strip() == "False False"
 
-    def ask(*path: str) -> str:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-        return subprocess.run(
-            [sys.executable, "-c", ASK_TORCH],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
 
-    assert ask(str(torch_root)) == "False True"
-    assert ask(pin, str(torch_root)) == "False False"
+def fake_cpu_fused_moe(root: Path) -> Path:
+    """A stand-in for vLLM 0.22.1's CPU MoE module, as much of it as the
+    pin reads: its activation table, whose SiLU entry builds `SiluAndMul`
+    at every call (model_executor/layers/fused_moe/cpu_fused_moe.py:52-56),
+    which outside a vLLM config raises as CustomOp.__init__ does there
+    (custom_op.py:133, config/vllm.py:2215)."""
+    package = root / "vllm" / "model_executor" / "layers" / "fused_moe"
+    package.mkdir(parents=True)
+    for level in (package, *list(package.parents)[:3]):
+        (level / "__init__.py").write_text("")
+    (package / "cpu_fused_moe.py").write_text(
+        "import enum\n"
+        "class MoEActivation(enum.Enum):\n"
+        "    SILU = 'silu'\n"
+        "class SiluAndMul:\n"
+        "    def __init__(self, compile_native=True):\n"
+        "        raise AssertionError('Current vLLM config is not set.')\n"
+        "    @staticmethod\n"
+        "    def forward_native(x):\n"
+        "        return ('silu and mul', x)\n"
+        "_CPU_MOE_ACT_FN = {\n"
+        "    MoEActivation.SILU: lambda x: SiluAndMul(compile_native=False)"
+        ".forward_native(x),\n"
+        "}\n"
+    )
+    return root
+
+
+ASK_MOE = (
+    "from vllm.model_executor.layers.fused_moe import cpu_fused_moe as m; "
+    "print(m._CPU_MOE_ACT_FN[m.MoEActivation.SILU](3))"
+)
+
+
+def test_the_qwen3_next_pins_mend_the_moe_activation_of_0_22_1(tmp_path) -> None:
+    vllm_root = str(fake_cpu_fused_moe(tmp_path))
+    unpinned = run_pinned(ASK_MOE, [vllm_root])
+    assert "Current vLLM config is not set" in unpinned.stderr
+    for pins in (QWEN3_NEXT_MOE, CASE_BY_KEY["qwen3-next-multi"].env):
+        assert run_pinned(ASK_MOE, [vllm_root], pins).stdout.strip() == (
+            "('silu and mul', 3)"
+        )
+    # The serve suite's 0.22.1 hybrid starts on such a host too.
+    assert HOST_PINS[gdn_hybrid("0.22.1")] == QWEN3_NEXT_MOE
+
+
+@pytest.mark.parametrize("names", ["", "no-amx-tiles no-such-pin"])
+def test_a_host_pin_that_names_no_known_pin_stops_the_server(names) -> None:
+    ran = run_pinned("print('served')", [], {**pinned(), PINS_VARIABLE: names})
+    assert ran.returncode == 2
+    assert "served" not in ran.stdout
+    assert f"{PINS_VARIABLE}={names!r}: name host pins of" in ran.stderr
 
 
 def bare_layout(root: Path) -> Layout:

@@ -61,7 +61,10 @@ vllm/platforms/cpu.py:229-231, whatever the user set) and turns prefix
 caching off there for linear attention (:150-162). Machines of this kind
 differ in AMX, so case 6 pins the host: its servers see no AMX tiles
 (`NO_AMX_DIM_FIRST` in `ci/suites/pd/hosts.py`) and store the conv state dim-first, as a
-user on a CPU without AMX runs them (setting DS, as the refusal says). On a
+user on a CPU without AMX runs them (setting DS, as the refusal says). They
+differ in AVX-512 too: without it 0.22.1's mixture-of-experts fallback dies at
+start-up, so the same pin mends that fallback's activation as upstream's own
+comment there intends (`host_pins/sitecustomize.py` says where). On a
 CPU with AMX a user cannot run a 0.22.1 hybrid over NIXL at all. Prefix
 caching stays off: on 0.22.1 a Gated DeltaNet hybrid caches only in
 `mamba_cache_mode` "align", where upstream's decode worker dies at its first
