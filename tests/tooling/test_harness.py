@@ -86,7 +86,7 @@ def steps(tmp_path, monkeypatch):
         junit(report, 1087, skipped=1)
         return 0
 
-    def probes(release, venv, selection, env, report, unpatched):
+    def probes(release, venv, selection, env, report, unpatched, log=None):
         clock.spend(0.5)
         runs.append(f"{selection[0]}{' unpatched' if unpatched else ''}")
         junit(report, 3)
@@ -150,9 +150,9 @@ def test_a_step_failing_after_the_build_keeps_the_build_and_the_rest_runs(
     monkeypatch.setattr(harness, "patch_upstream_tests", refused)
     outcome = harness.run_release_steps(RELEASE, tmp_path, tmp_path)
     assert steps.runs == [
+        "tests/runtime",
         "tests/probes",
         "tests/probes/t.py::t unpatched",
-        "tests/runtime",
     ]
     lines = summary(capsys, outcome)
     assert lines[0] == (
@@ -259,9 +259,10 @@ def test_the_install_from_the_index_is_a_step_of_its_release(
 
 
 def test_upstream_tests_run_beside_ours(steps, tmp_path, monkeypatch, capsys):
-    """Upstream's tests run while ours do (each pytest process waits on
-    imports and subprocesses much of its time, and CI has two cores), and
-    their output is printed whole once they finished."""
+    """Upstream's tests, then tests/runtime, run while our probes do (each
+    pytest process waits on imports and subprocesses much of its time, and
+    CI has two cores, so the lanes are about as long), and their output is
+    printed whole once they finished."""
     ours_running = threading.Event()
     seen: list[bool] = []
 
@@ -271,8 +272,12 @@ def test_upstream_tests_run_beside_ours(steps, tmp_path, monkeypatch, capsys):
         log.write_text("upstream's own output\n")
         return 0
 
-    def probes(release, venv, selection, env, report, unpatched):
-        ours_running.set()
+    def probes(release, venv, selection, env, report, unpatched, log=None):
+        if selection[0] == harness.RUNTIME_DIR:
+            seen.append(log is not None and ours_running.is_set())
+            log.write_text("our runtime tests' output\n")
+        else:
+            ours_running.set()
         junit(report, 3)
         return 0
 
@@ -280,7 +285,9 @@ def test_upstream_tests_run_beside_ours(steps, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(harness, "run_upstream_tests", upstream)
     monkeypatch.setattr(harness, "run_probes", probes)
     outcome = harness.run_release_steps(RELEASE, tmp_path, tmp_path)
-    assert seen == [True]
+    assert seen == [True, True]
     assert outcome.failures == []
     assert outcome.upstream == Counts(1087, 0, 1)
-    assert "upstream's own output" in capsys.readouterr().out
+    assert outcome.runtime == Counts(3, 0, 0)
+    out = capsys.readouterr().out
+    assert out.index("upstream's own output") < out.index("our runtime tests' output")

@@ -18,8 +18,10 @@ from ci.suites.pd import receive
 from ci.suites.pd.cases import (
     CASE_BY_KEY,
     CASES,
+    FLOAT32_MODELS,
     HYBRID,
     MTP,
+    SPECULATING_MODELS,
     UNIFY_REFUSAL,
     Run,
     cases_named,
@@ -343,12 +345,33 @@ def test_without_an_upstream_run_a_patched_run_cannot_pass() -> None:
     assert math.isnan(made[0].min_gap)
 
 
-def test_every_case_names_its_connectors_and_runs_unpatched() -> None:
+def test_every_case_names_its_connectors_and_has_its_upstream_run() -> None:
     assert connector_name(CASE_BY_KEY["hybrid-lmcache"].decode) == (
         "MultiConnector[NixlConnector, LMCacheConnectorV1]"
     )
-    assert all(UNPATCHED in case.builds for case in CASES)
+    runs = {(build, case.key) for case in CASES for build in case.builds}
+    assert all(PATCHED in case.builds for case in CASES)
+    assert all((UNPATCHED, case.upstream_key) in runs for case in CASES)
     assert len({case.key for case in CASES}) == len(CASES)
+
+
+def test_the_load_runs_are_those_a_verdict_reads() -> None:
+    """Every shipped build of a load case runs under load, and of upstream's
+    runs only the one the bfloat16 hybrid's output is held to: the float32
+    models' oracle is their reference server, the speculating one has none."""
+    runs = {(build, case.key) for case in CASES for build in case.builds}
+    loaded = {(build, case.key) for case in CASES for build in case.load}
+    assert loaded <= runs
+    for case in CASES:
+        if case.load:
+            assert set(case.builds) - {UNPATCHED} <= set(case.load), case.key
+    oracles = {
+        (UNPATCHED, case.upstream_key)
+        for case in CASES
+        if case.load and case.model not in (*FLOAT32_MODELS, *SPECULATING_MODELS)
+    }
+    assert {run for run in loaded if run[0] == UNPATCHED} == oracles
+    assert oracles == {(UNPATCHED, "hybrid-nixl")}
 
 
 def test_the_drop_in_runs_vllm_overlay_serve_and_the_others_vllm_serve(

@@ -177,9 +177,9 @@ class Case:
     # Text upstream's start-up refusal must hold, for a case that upstream
     # does not start.
     upstream_refusal: str = ""
-    # Whether a load run (`ci/suites/pd/load.py`) follows the sequential prompts,
-    # against a decode cache capped to DECODE_CAP_BLOCKS[model].
-    load: bool = False
+    # The builds whose pair takes a load run (`ci/suites/pd/load.py`) after the
+    # prompts; every build of such a case caps its cache (DECODE_CAP_BLOCKS).
+    load: tuple[str, ...] = ()
     # Variables the case's servers get: a host pin.
     env: dict[str, str] = field(default_factory=dict)
 
@@ -206,15 +206,18 @@ def connector_name(config: dict[str, object]) -> str:
     return f"{name}[{', '.join(connector_name(c) for c in children)}]"
 
 
+# Only the runs a verdict reads: each shipped build's load run, upstream's on
+# the hybrid's NixlConnector (its oracle under load; the benchmarks measure the
+# rest), and no upstream MTP MultiConnector (held to the MTP NixlConnector's).
 CASES = (
-    Case("hybrid-nixl", HYBRID, NIXL, load=True, env=NO_AMX),
+    Case("hybrid-nixl", HYBRID, NIXL, load=(UNPATCHED, PATCHED), env=NO_AMX),
     Case(
         "hybrid-multi",
         HYBRID,
         multi(NIXL, DECODE_BENCH),
         builds=(UNPATCHED, PATCHED, DROP_IN),
         upstream="hybrid-nixl",
-        load=True,
+        load=(PATCHED, DROP_IN),
         env=NO_AMX,
     ),
     Case(
@@ -225,13 +228,14 @@ CASES = (
         upstream_refusal=UNIFY_REFUSAL,
         env=NO_AMX,
     ),
-    Case("dense-multi", DENSE, multi(NIXL, DECODE_BENCH), load=True),
+    Case("dense-multi", DENSE, multi(NIXL, DECODE_BENCH), load=(PATCHED,)),
     Case("mamba2-multi", MAMBA2, multi(NIXL, DECODE_BENCH), prefix_caching=False),
-    Case(MTP_NIXL, MTP, NIXL, prefix_caching=False, load=True, env=NO_AMX),
+    Case(MTP_NIXL, MTP, NIXL, prefix_caching=False, load=(PATCHED,), env=NO_AMX),
     Case(
         MTP_MULTI,
         MTP,
         multi(NIXL, DECODE_BENCH),
+        builds=(PATCHED,),
         prefix_caching=False,
         upstream=MTP_NIXL,
         env=NO_AMX,
