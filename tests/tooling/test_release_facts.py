@@ -16,6 +16,7 @@ from vllm_overlay.series.facts import (
     e2e_release,
     environment_facts,
     forced_sd_checks,
+    full_run_only,
     gdn_hybrid,
     pd_core_cases,
     pinned_as_tested_line,
@@ -91,6 +92,16 @@ def test_bad_core_release_lists_are_one_line_naming_the_file(root, text, message
     (root / FACTS_FILE).write_text(text + "\n")
     error = error_of(lambda: (pd_core_cases(root), serve_e2e_releases(root)), message)
     assert error.startswith(str(root / FACTS_FILE))
+
+
+def test_the_support_window_names_pinned_releases(root):
+    assert full_run_only(REPO_PATCHES) == ("0.30.0", "0.31.0")
+    (root / FACTS_FILE).write_text('e2e_release = "0.32.0"\n')
+    assert full_run_only(root) == ()
+    for text in ('full_run_only = "0.30.0"', 'full_run_only = ["9.9.9"]'):
+        (root / FACTS_FILE).write_text(text + "\n")
+        error = error_of(lambda: full_run_only(root), "must list pinned releases")
+        assert error.startswith(str(root / FACTS_FILE))
 
 
 def test_only_the_releases_the_facts_name_take_the_triton_cpu_standin(root):

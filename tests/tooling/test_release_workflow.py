@@ -127,6 +127,9 @@ def gate_problems(workflow: dict, ci: dict) -> list[str]:
         suite
     ):
         found.append("does not run ci.yml on the tag's commit once it is on main")
+    cpu_runs = runs(ci["jobs"]["cpu"])
+    if (suite.get("with") or {}).get("full") is not True or "--full" not in cpu_runs:
+        found.append("does not run the full suite before publishing")
     if "suite" not in needs(jobs["wheels"]):
         found.append("builds before the suite passed")
     publish = runs(jobs["publish"])
@@ -250,6 +253,7 @@ def test_a_tag_publishes_only_a_tested_commit_through_a_checked_draft():
             "git log -1",
             "does not check that the tag's commit is on main",
         ),
+        ("      full: true\n", "", "does not run the full suite before publishing"),
     ],
 )
 def test_a_gate_left_out_is_caught(tmp_path, old, new, caught):

@@ -5,6 +5,7 @@ from conftest import SCHEDULER_SOURCE
 from vllm_overlay.cli import main
 from vllm_overlay.series.facts import (
     e2e_release,
+    full_run_only,
     serve_e2e_releases,
     triton_cpu_standin_releases,
 )
@@ -151,6 +152,13 @@ def test_readme_says_what_the_suite_runs_on_each_release():
         assert "triton-cpu stood in for; no engine" in rows[release]
         assert "end to end" not in rows[release]
     assert "`serve` and P/D end to end" in rows[e2e_release(patches)]
-    plain = set(rows) - standin - {e2e_release(patches), *serve_e2e_releases(patches)}
+    window = set(full_run_only(patches))
+    assert window, "the release facts name no older pin of the support window"
+    for release in window:
+        assert rows[release].split(" | ")[3] == (
+            "upstream's unit tests and probes, in the full run before publishing"
+        )
+    plain = set(rows) - standin - window
+    plain -= {e2e_release(patches), *serve_e2e_releases(patches)}
     for release in plain:
         assert rows[release].split(" | ")[3] == "upstream's unit tests and probes"

