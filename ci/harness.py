@@ -282,7 +282,7 @@ def _upstream_lane(
     """Upstream's tests of `outcome`'s release (where `tests_dir` holds
     them), then `tests/runtime`, run beside our probes (two pytest processes
     on the two cores CI has: each waits on imports and subprocesses for much
-    of its time; the two lanes take about as long, 3.4 and 3.2 minutes on
+    of its time; the two lanes take about as long, 3.3 and 3.2 minutes on
     0.32.0); their output, kept in logs and printed once they finished, so
     that the run's log reads one run at a time."""
     version = outcome.release
@@ -428,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         FULL,
         action="store_true",
         help="also the environments and tests of the support window's older "
-        "pins (full_run_only in the release facts), as the release workflow runs",
+        "pins (full_run_only in the release facts) and 0.22.1's end-to-end "
+        "runs, as the release workflow runs",
     )
     args = parser.parse_args(argv)
     cache = cache_root()

@@ -13,7 +13,6 @@ Usage by hand (after `python -m ci.envs.release` built the environment)::
 import argparse
 import ast
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from ci.suites.pytest_runs import (
     dist_under_test,
     pytest_command,
     pytest_environment,
+    run,
 )
 from vllm_overlay.common import atomic, cache_layout
 from vllm_overlay.common.errors import OverlayError, exit_status
@@ -289,20 +289,7 @@ def run_upstream_tests(
     # vLLM): the tests must import the installed vLLM. `env` alone decides the
     # platform variable (see `upstream_test_environment`).
     paths = [PYTEST_PLUGINS, *([REPO_ROOT] if worktree or standin else [])]
-    environment = pytest_environment(env, paths)
-    if log is None:
-        return subprocess.run(
-            command, cwd=tests_dir, env=environment, check=False
-        ).returncode
-    with log.open("w") as out:
-        return subprocess.run(
-            command,
-            cwd=tests_dir,
-            env=environment,
-            check=False,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        ).returncode
+    return run(command, log, cwd=tests_dir, env=pytest_environment(env, paths))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import RELEASE
 
-from ci.suites import upstream_tests
+from ci.suites import pytest_runs
 from ci.suites.upstream_tests import (
     deselection_args,
     patch_upstream_tests,
@@ -120,7 +120,7 @@ def test_a_listed_file_left_out_whole_is_not_named_to_pytest(tmp_path, monkeypat
         commands.append(command)
         return SimpleNamespace(returncode=0)
 
-    monkeypatch.setattr(upstream_tests.subprocess, "run", run)
+    monkeypatch.setattr(pytest_runs.subprocess, "run", run)
     assert run_upstream_tests("0.22.1", tmp_path, tmp_path, {}) == 0
     (command,) = commands
     assert f"--ignore={heartbeat}" in command
