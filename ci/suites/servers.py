@@ -150,6 +150,19 @@ class Server:
         self.kill()
         return code, left
 
+    def pause(self) -> None:
+        """SIGSTOP to the whole session: a server that stalls or is cut off
+        from the network, which accepts connections (the kernel does) and
+        answers nothing until `resume`."""
+        self._signal_session(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_session(signal.SIGCONT)
+
+    def _signal_session(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signum)
+
     def kill(self) -> None:
         """Make sure nothing of this run survives. The group is signalled only
         while a process of the session lives: its id is not reused before."""
