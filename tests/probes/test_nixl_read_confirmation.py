@@ -288,10 +288,14 @@ def read_completed(
     `block_ids`, posted as `_read_blocks` posts it, has completed."""
     metadata = NixlConnectorMetadata()
     local = (block_ids or [5, 6, 7, 8],)
-    if len(inspect.signature(metadata.add_new_req_to_recv).parameters) > 3:
-        metadata.add_new_req_to_recv(request_id, local, params, (0,), True)
-    else:  # 0.22.1
-        metadata.add_new_req_to_recv(request_id, local, params)
+    # The fields a release's request metadata has, passed by name: 0.22.1 has
+    # neither, 0.29.0 no `awaiting_kvs` (a count of parameters took 0.29.0's
+    # four for 0.30.0's five).
+    fields = {"local_num_computed_blocks": (0,), "awaiting_kvs": True}
+    known = inspect.signature(metadata.add_new_req_to_recv).parameters
+    metadata.add_new_req_to_recv(
+        request_id, local, params, **{k: v for k, v in fields.items() if k in known}
+    )
     meta = metadata.reqs_to_recv[request_id]
     meta.local_physical_block_ids = meta.local_block_ids
     worker._recving_metadata[request_id] = meta

@@ -678,3 +678,38 @@ def test_upstream_receive_rows_run_only_when_asked(monkeypatch) -> None:
     checks, printed = receive.run_receive_faults(SimpleNamespace(), upstream=True)
     assert ran[-1] == (UNPATCHED, "NixlConnector")
     assert len(checks) == 2 and len(printed) == 3
+
+
+def _answer(tokens: tuple[int, ...]) -> dict[str, object]:
+    """A `/v1/completions` answer of `tokens`, as `parse_completion` reads it."""
+    return {
+        "choices": [
+            {
+                "logprobs": {
+                    "tokens": [f"token_id:{t}" for t in tokens],
+                    "token_logprobs": [-1.0] * len(tokens),
+                    "top_logprobs": [{"a": -1.0, "b": -2.0}] * len(tokens),
+                }
+            }
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    ("got", "ties", "outcome"),
+    [
+        ((1, 2, 3), False, receive.CLEAN),
+        ((1, 9, 9), False, "wrong answer"),
+        ((1, 9, 9), True, f"{receive.CLEAN}, up to a near tie at token 1 (gap 0.05)"),
+        ((1, 2, 9), True, "wrong answer"),
+        ((1, 9), True, "wrong answer"),
+    ],
+)
+def test_an_answer_is_clean_up_to_a_near_tie_only_where_asked(got, ties, outcome):
+    """The fleet's rows (`ties`) take an answer that first parts from the
+    clean one where its best two tokens were within NEAR_TIE (the bfloat16
+    hybrid's tokens move with the batch and the path); a parting elsewhere,
+    or another length, is a wrong answer, and the receive rows stay exact."""
+    clean = Completion((1, 2, 3), (-1.0,) * 3, (1.0, 0.05, 2.0))
+    assert receive.judged(lambda: _answer(got), clean, 60, ties) == outcome
+    assert receive.Row("a row", outcome).as_required is (outcome != "wrong answer")

@@ -94,12 +94,22 @@ def test_bad_core_release_lists_are_one_line_naming_the_file(root, text, message
     assert error.startswith(str(root / FACTS_FILE))
 
 
-def test_the_support_window_names_pinned_releases(root):
+def test_the_support_window_follows_the_pins(root):
+    """Every pin but the newest two, the e2e release and the older ones kept
+    on every commit: a release pinned older than the others joins the window,
+    and a newer one pinned above them moves it, with no edit."""
     assert full_run_only(REPO_PATCHES) == ("0.30.0", "0.31.0")
     (root / FACTS_FILE).write_text('e2e_release = "0.32.0"\n')
-    assert full_run_only(root) == ()
-    for text in ('full_run_only = "0.30.0"', 'full_run_only = ["9.9.9"]'):
-        (root / FACTS_FILE).write_text(text + "\n")
+    assert full_run_only(root) == ("0.22.1", "0.30.0", "0.31.0")
+    (root / FACTS_FILE).write_text(
+        'e2e_release = "0.32.0"\nolder_on_every_commit = ["0.22.1", "0.31.0"]\n'
+    )
+    assert full_run_only(root) == ("0.30.0",)
+    for text in (
+        'older_on_every_commit = "0.22.1"',
+        'older_on_every_commit = ["9.9.9"]',
+    ):
+        (root / FACTS_FILE).write_text(f'e2e_release = "0.32.0"\n{text}\n')
         error = error_of(lambda: full_run_only(root), "must list pinned releases")
         assert error.startswith(str(root / FACTS_FILE))
 

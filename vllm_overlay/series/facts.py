@@ -145,15 +145,20 @@ def gdn_hybrid(release: str, root: Path | None = None) -> str:
 
 
 def full_run_only(root: Path | None = None) -> tuple[str, ...]:
-    """The support window's older pins: releases whose environment and tests
-    only the full run takes (`tools/test.sh --full`, before publishing)."""
+    """The support window's older pins, whose environment and tests only the
+    full run takes (`tools/test.sh --full`, before publishing): every pin but
+    the newest two, the e2e release and the older ones `older_on_every_commit`
+    keeps (the seed era's). Derived from the pins, so that pinning a release
+    older than the others, or a newer one above them, moves the window with
+    no edit."""
     root = root or patches_root()
-    releases = _facts(root).get("full_run_only", [])
+    kept = _facts(root).get("older_on_every_commit", [])
     pins = load_pins(root / PINS_FILE)
-    if not isinstance(releases, list) or not all(r in pins for r in releases):
+    if not isinstance(kept, list) or not all(r in pins for r in kept):
         where = root / FACTS_FILE
-        raise OverlayError(f"{where}: full_run_only must list pinned releases")
-    return tuple(releases)
+        raise OverlayError(f"{where}: older_on_every_commit must list pinned releases")
+    every_commit = {*sorted(pins, key=Version)[-2:], e2e_release(root), *kept}
+    return tuple(sorted((r for r in pins if r not in every_commit), key=Version))
 
 
 def _cpu_release(root: Path, key: str, release: str) -> str:

@@ -39,7 +39,10 @@ decode server then stalls (SIGSTOP) while the row goes on.
    threads of their own, are all answered before any request to the silent
    one. Then `prefill-b` is killed and one more of its references arrives.
 
-Every row must answer the clean answer within the patched rows' bound, and
+Every row must answer the clean answer within the patched rows' bound (or
+one that first parts from it at a near tie, `ci/suites/pd/mtp_verdicts.py`:
+the bfloat16 hybrid computes a prompt pulled over NIXL, or computed in a
+batch, otherwise than alone, and its greedy tokens may move there), and
 each row's mechanism must have done its part: in row 1 the first try read
 nothing (it computed its prompt; a build that used its outlived answer reads
 the released blocks, and, on a prefill server that stopped stepping, waits
@@ -58,8 +61,8 @@ only if it completed within the promise, by its own clock from its question
 
 import re
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from http.client import HTTPException
@@ -72,13 +75,13 @@ from ci.suites.pd.load import INVALID_READ, count_lines, idle_usage
 from ci.suites.pd.metrics import metric_sum, scrape
 from ci.suites.pd.pair import (
     DECODE_CORES,
-    HANDSHAKE_ATTEMPTS,
     HANDSHAKE_PROMPT,
     PATCHED,
     PREFILL_CORES,
     UNPATCHED,
     Layout,
     nixl_with_lease,
+    retried,
     start_vllm,
     wait_all,
 )
@@ -100,22 +103,27 @@ QUEUED, RETRY, UPSTREAM_DECODE = "decode-queued", "decode-retry", "decode-upstre
 
 @dataclass(frozen=True)
 class Member:
+    """A server of a fleet: its name, build, role and `vllm serve` arguments
+    of its own."""
+
     name: str
     build: str
     role: str
+    args: tuple[str, ...] = ()
 
 
+PREFILL_CAP = ("--num-gpu-blocks-override", str(PREFILL_CAP_BLOCKS))
 MEMBERS = (
-    Member(A, PATCHED, PREFILL),
-    Member(B, PATCHED, PREFILL),
-    Member(UPSTREAM_PREFILL, UNPATCHED, PREFILL),
-    Member(QUEUED, PATCHED, DECODE),
+    Member(A, PATCHED, PREFILL, PREFILL_CAP),
+    Member(B, PATCHED, PREFILL, PREFILL_CAP),
+    Member(UPSTREAM_PREFILL, UNPATCHED, PREFILL, PREFILL_CAP),
+    Member(QUEUED, PATCHED, DECODE, DECODE_ARGS),
     Member(RETRY, PATCHED, DECODE),
     Member(UPSTREAM_DECODE, UNPATCHED, DECODE),
 )
 # The decode servers' first reads from each prefill server the rows use,
 # made before any row (a first NIXL handshake on busy cores may take longer
-# than the 5 s a decode worker waits for it: `pair.shake_hands`).
+# than the 5 s a decode worker waits for it: `pair.retried`).
 HANDSHAKES = (
     (QUEUED, A),
     (RETRY, A),
@@ -159,13 +167,24 @@ DECLINED = "Not using the KV read for request"
 
 
 class Fleet:
-    """The started, ready fleet, and the clean answers of `PROMPTS`."""
+    """A started, ready fleet of the hybrid, each decode server's first read
+    from each prefill server it will read from made, and the clean answers
+    of `prompts`, computed alone by the decode server `oracle`."""
 
-    def __init__(self, stack: ExitStack, layout: Layout) -> None:
+    def __init__(
+        self,
+        stack: ExitStack,
+        layout: Layout,
+        members: Sequence[Member] = MEMBERS,
+        handshakes: Sequence[tuple[str, str]] = HANDSHAKES,
+        prompts: Sequence[Sequence[int]] = PROMPTS,
+        oracle: str = UPSTREAM_DECODE,
+    ) -> None:
         self.model = layout.models[HYBRID]
+        self.prompts = prompts
+        self.members = {member.name: member for member in members}
         self.servers: dict[str, tuple[Server, int]] = {}
-        for member in MEMBERS:
-            prefill = member.role == PREFILL
+        for member in members:
             self.servers[member.name] = start_vllm(
                 stack,
                 layout,
@@ -173,24 +192,16 @@ class Fleet:
                 HYBRID,
                 f"fleet-{member.name}",
                 NIXL_FLEET,
-                PREFILL_CORES if prefill else DECODE_CORES,
+                PREFILL_CORES if member.role == PREFILL else DECODE_CORES,
                 prefix_caching=False,
-                extra_args=(
-                    ("--num-gpu-blocks-override", str(PREFILL_CAP_BLOCKS))
-                    if prefill
-                    else DECODE_ARGS
-                    if member.name == QUEUED
-                    else ()
-                ),
+                extra_args=member.args,
                 confine=True,
             )
         wait_all([(server, port, "/health") for server, port in self.servers.values()])
-        for decode, prefill in HANDSHAKES:
+        for decode, prefill in handshakes:
             self.first_read(decode, prefill)
-        self.clean = [
-            complete(self.port(UPSTREAM_DECODE), self.model, p) for p in PROMPTS
-        ]
-        self.live = {member.name for member in MEMBERS}
+        self.clean = [complete(self.port(oracle), self.model, p) for p in prompts]
+        self.live = set(self.members)
 
     def port(self, name: str) -> int:
         return self.servers[name][1]
@@ -199,39 +210,32 @@ class Fleet:
         return self.servers[name][0]
 
     def first_read(self, decode: str, prefill: str) -> None:
-        errors = []
-        for _ in range(HANDSHAKE_ATTEMPTS):
-            try:
-                params = prefill_only(self.port(prefill), self.model, HANDSHAKE_PROMPT)
-                body = {
-                    **completion_body(self.model, HANDSHAKE_PROMPT),
-                    "kv_transfer_params": params,
-                }
-                post(self.port(decode), "/v1/completions", body)
-                return
-            except (OSError, HTTPException, OverlayError) as exc:
-                errors.append(str(exc) or type(exc).__name__)
-                time.sleep(1)
-        raise OverlayError(
-            f"{decode}'s first read from {prefill} failed {HANDSHAKE_ATTEMPTS} "
-            f"times ({'; '.join(errors)}); see {self.server(decode).log}"
-        )
+        def read() -> None:
+            params = prefill_only(self.port(prefill), self.model, HANDSHAKE_PROMPT)
+            body = {
+                **completion_body(self.model, HANDSHAKE_PROMPT),
+                "kv_transfer_params": params,
+            }
+            post(self.port(decode), "/v1/completions", body)
+
+        retried(read, f"{decode}'s first read from {prefill}", self.server(decode).log)
 
     def prefill(self, name: str, index: int) -> dict[str, object]:
-        return prefill_only(self.port(name), self.model, PROMPTS[index])
+        return prefill_only(self.port(name), self.model, self.prompts[index])
 
     def decode(self, name: str, index: int, params: dict[str, object]) -> str:
         """What decode server `name` answered prompt `index` with `params`,
         judged against its clean answer."""
         timeout = ROW_TIMEOUT_S[PATCHED]
         body = {
-            **completion_body(self.model, PROMPTS[index]),
+            **completion_body(self.model, self.prompts[index]),
             "kv_transfer_params": params,
         }
         return judged(
             lambda: post(self.port(name), "/v1/completions", body, timeout),
             self.clean[index],
             timeout,
+            ties=True,
         )
 
     def busy(self, name: str) -> None:
@@ -287,13 +291,17 @@ class Attack:
     def add(self, name: str, outcome: str) -> None:
         self.rows.append(Row(name, outcome))
 
-    def stalled_first_try(
-        self, index: int, params: dict[str, object]
-    ) -> tuple[Future[str], Future[None]]:
+    def while_stalled(
+        self,
+        index: int,
+        params: dict[str, object],
+        first_row: str,
+        meanwhile: Callable[[], None],
+    ) -> None:
         """Prompt `index` sent to `decode-queued` behind a long request: it
         is answered "held" on receipt, in milliseconds, and waits; then the
-        decode server stalls (SIGSTOP, resumed by the caller). Its answer
-        and the long request's."""
+        decode server stalls (SIGSTOP) while `meanwhile` runs, and resumes.
+        The first try's answer is the row `first_row`."""
         fleet = self.fleet
         long = self.pool.submit(fleet.busy, QUEUED)
         fleet.wait_for(QUEUED, RUNNING, 1)
@@ -301,7 +309,12 @@ class Attack:
         fleet.wait_for(QUEUED, WAITING, 1)
         time.sleep(ANSWER_S)
         fleet.server(QUEUED).pause()
-        return first, long
+        try:
+            meanwhile()
+        finally:
+            fleet.server(QUEUED).resume()
+        self.add(first_row, first.result())
+        long.result()
 
     def retry_while_stalled(self) -> None:
         """Row 1."""
@@ -309,8 +322,8 @@ class Attack:
         params = fleet.prefill(A, 0)
         computed = fleet.lines(QUEUED, COMPUTED_HERE)
         declined = fleet.lines(QUEUED, DECLINED)
-        first, long = self.stalled_first_try(0, params)
-        try:
+
+        def retry() -> None:
             time.sleep(PROMISE_S + 1)
             self.add(
                 "a retry on another patched decode server, the first try's "
@@ -318,10 +331,10 @@ class Attack:
                 fleet.decode(RETRY, 0, params),
             )
             fleet.churn(A)
-        finally:
-            fleet.server(QUEUED).resume()
-        self.add("... the first try, queued on the stalled server", first.result())
-        long.result()
+
+        self.while_stalled(
+            0, params, "... the first try, queued on the stalled server", retry
+        )
         computed = fleet.lines(QUEUED, COMPUTED_HERE) - computed
         declined = fleet.lines(QUEUED, DECLINED) - declined
         self.checks.append(
@@ -338,17 +351,20 @@ class Attack:
         fleet = self.fleet
         params = fleet.prefill(A, 1)
         kept = fleet.lines(A, KEPT)
-        first, long = self.stalled_first_try(1, params)
-        try:
+
+        def read_without_asking() -> None:
             self.add(
                 "the reference read by an upstream decode server meanwhile",
                 fleet.decode(UPSTREAM_DECODE, 1, params),
             )
             fleet.churn(A)
-        finally:
-            fleet.server(QUEUED).resume()
-        self.add("... the first try, promised, queued on a patched one", first.result())
-        long.result()
+
+        self.while_stalled(
+            1,
+            params,
+            "... the first try, promised, queued on a patched one",
+            read_without_asking,
+        )
         kept = fleet.lines(A, KEPT) - kept
         self.checks.append(
             Check(
@@ -421,7 +437,7 @@ def aftermath(fleet: Fleet, invalid_before: dict[str, int]) -> list[Check]:
     checks = []
     for name in sorted(fleet.live):
         try:
-            complete(fleet.port(name), fleet.model, PROMPTS[0])
+            complete(fleet.port(name), fleet.model, fleet.prompts[0])
             serves = "an ordinary request completed"
         except (OSError, HTTPException, OverlayError) as exc:
             serves = f"failed: {exc}"

@@ -15,7 +15,7 @@ process runs in a session of its own and is stopped by its id
 import json
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from http.client import HTTPException
@@ -261,23 +261,32 @@ def start_pair(
 def shake_hands(pair: Pair, model: Path) -> None:
     """One short request through the proxy, so that the decode server's first
     NIXL handshake with the prefill server happens before anything is
-    measured, retried a few times.
+    measured (`retried`). The prompt shares no block with the suite's
+    prompts, and every run of every build sends it first, so all runs still
+    compute the same things in the same order."""
+    retried(
+        lambda: complete(pair.proxy_port, model, HANDSHAKE_PROMPT),
+        "the pair's first request",
+        pair.decode.log,
+    )
+
+
+def retried(call: Callable[[], object], what: str, log: Path) -> None:
+    """`call`, a decode server's first read from a prefill server, retried a
+    few times.
 
     The decode worker waits for the prefill server's metadata at most 5
     seconds, a fixed timeout (nixl/base_worker.py:1044 in 0.32.0), and
     fails the request if it passes; on two loaded cores the first handshake
-    of a pair sometimes takes longer. The prompt shares no block with the
-    suite's prompts, and every run of every build sends it first, so all
-    runs still compute the same things in the same order."""
+    of a pair sometimes takes longer."""
     errors = []
     for _ in range(HANDSHAKE_ATTEMPTS):
         try:
-            complete(pair.proxy_port, model, HANDSHAKE_PROMPT)
+            call()
             return
         except (OSError, HTTPException, OverlayError) as exc:
             errors.append(str(exc) or type(exc).__name__)
             time.sleep(1)
     raise OverlayError(
-        f"the pair's first request failed {HANDSHAKE_ATTEMPTS} times "
-        f"({'; '.join(errors)}); see {pair.decode.log}"
+        f"{what} failed {HANDSHAKE_ATTEMPTS} times ({'; '.join(errors)}); see {log}"
     )

@@ -64,6 +64,7 @@ from ci.suites.pd.completions import (
 )
 from ci.suites.pd.faults import prefill_only
 from ci.suites.pd.load import INVALID_READ, count_lines, idle_usage
+from ci.suites.pd.mtp_verdicts import NEAR_TIE, parting
 from ci.suites.pd.pair import (
     PATCHED,
     UNPATCHED,
@@ -126,7 +127,7 @@ class Row:
     @property
     def as_required(self) -> bool:
         if self.refused_field is None:
-            return self.outcome == CLEAN
+            return self.outcome.startswith(CLEAN)
         return (
             self.outcome.startswith("HTTP 400:") and self.refused_field in self.outcome
         )
@@ -170,10 +171,14 @@ class Rows:
 
 
 def judged(
-    call: Callable[[], dict[str, object]], clean: Completion, timeout: float
+    call: Callable[[], dict[str, object]],
+    clean: Completion,
+    timeout: float,
+    ties: bool = False,
 ) -> str:
-    """`CLEAN`, "wrong answer", the HTTP error and its message, or no
-    answer within `timeout`."""
+    """`CLEAN` (with `ties`, also an answer that first parts from the clean
+    one at a near tie, saying where), "wrong answer", the HTTP error and its
+    message, or no answer within `timeout`."""
     try:
         answer = call()
     except urllib.error.HTTPError as exc:
@@ -181,10 +186,17 @@ def judged(
     except (OSError, HTTPException):
         return f"no answer within {timeout:.0f}s"
     try:
-        tokens = parse_completion(answer).token_ids
+        got = parse_completion(answer)
     except OverlayError as exc:
         return str(exc)
-    return CLEAN if tokens == clean.token_ids else "wrong answer"
+    if got.token_ids == clean.token_ids:
+        return CLEAN
+    found = parting(clean, got)
+    if ties and len(got.token_ids) == len(clean.token_ids) and found is not None:
+        token, gap = found
+        if gap < NEAR_TIE:
+            return f"{CLEAN}, up to a near tie at token {token} (gap {gap:.2g})"
+    return "wrong answer"
 
 
 def error_message(exc: urllib.error.HTTPError) -> str:
