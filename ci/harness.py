@@ -20,8 +20,8 @@
    minutes); for 0.32.0 `vllm-overlay serve` end to end and `vllm serve` of
    the patched build (`ci/suites/serve_e2e.py`, about 3 minutes), then P/D
    over NIXL behind upstream's proxy, unpatched, patched and the drop-in
-   side by side, with its load runs, faults and receive-path pairs
-   (`ci/suites/pd_e2e.py`, about 23 minutes). With `--full`, 0.22.1 takes
+   side by side, with its load runs, faults, receive-path pairs and a fleet
+   (`ci/suites/pd_e2e.py`, about 25 minutes). With `--full`, 0.22.1 takes
    both too (`serve_e2e_releases`; `pd_core_cases`: the cases named there,
    without load and faults).
 
