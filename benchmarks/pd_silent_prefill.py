@@ -34,7 +34,6 @@ Usage: python -m benchmarks.pd_silent_prefill [RELEASE] [--rounds N]
 """
 
 import http.client
-import json
 import statistics
 import sys
 import time
@@ -45,7 +44,12 @@ from pathlib import Path
 
 from benchmarks.pd_decode_reuse import at_least_one, rounds_parser, spread
 from ci.suites.pd.cases import CASE_BY_KEY
-from ci.suites.pd.completions import Completion, completion_body, make_prompts
+from ci.suites.pd.completions import (
+    Completion,
+    completion_body,
+    make_prompts,
+    streamed_tokens,
+)
 from ci.suites.pd.fleet import DECODE, PREFILL, Fleet, Member
 from ci.suites.pd.mtp_verdicts import NEAR_TIE, parting
 from ci.suites.pd.pair import PATCHED
@@ -63,7 +67,6 @@ MEMBERS = (
 )
 HEALTHY, SILENT_ARM = "healthy", "one silent"
 PROMPT_TOKENS = 512
-REQUEST_TIMEOUT_S = 120
 
 
 def first_token(
@@ -76,33 +79,13 @@ def first_token(
         "kv_transfer_params": params,
         "stream": True,
     }
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
     started = time.monotonic()
     ttft = None
     tokens: list[int] = []
-    try:
-        conn.request(
-            "POST",
-            "/v1/completions",
-            json.dumps(body),
-            {"Content-Type": "application/json"},
-        )
-        response = conn.getresponse()
-        if response.status != 200:
-            raise OverlayError(f"HTTP {response.status}: {response.read()[:160]!r}")
-        for line in response:
-            data = line.decode(errors="replace").strip().removeprefix("data: ")
-            if not data.startswith("{"):
-                continue
-            logprobs = json.loads(data)["choices"][0].get("logprobs") or {}
-            new = [
-                int(t.removeprefix("token_id:")) for t in logprobs.get("tokens") or []
-            ]
-            if new and ttft is None:
-                ttft = time.monotonic() - started
-            tokens += new
-    finally:
-        conn.close()
+    for chunk in streamed_tokens(port, body):
+        if chunk and ttft is None:
+            ttft = time.monotonic() - started
+        tokens += chunk
     if ttft is None:
         raise OverlayError("the stream ended without a token")
     return ttft, tuple(tokens)

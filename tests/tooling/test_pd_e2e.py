@@ -3,10 +3,13 @@ reading a decode server's `/metrics`, reading completions, comparing them
 with the reference, and the verdicts. The servers themselves run in
 `tools/test.sh`."""
 
+import http.server
+import json
 import math
 import os
 import subprocess
 import sys
+import threading
 from http.client import IncompleteRead
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,7 +32,14 @@ from ci.suites.pd.cases import (
     compare_with_references,
     connector_name,
 )
-from ci.suites.pd.completions import Completion, compare, make_prompts, parse_completion
+from ci.suites.pd.completions import (
+    Completion,
+    HTTPStatusError,
+    compare,
+    make_prompts,
+    parse_completion,
+    streamed_tokens,
+)
 from ci.suites.pd.hosts import NO_AMX, PINS_VARIABLE, QWEN3_NEXT_MOE, pinned
 from ci.suites.pd.metrics import DecodeCounts, decode_counts, metric_sum, parse_metrics
 from ci.suites.pd.pair import DROP_IN, PATCHED, UNPATCHED, Layout, Pair, serve_command
@@ -713,3 +723,39 @@ def test_an_answer_is_clean_up_to_a_near_tie_only_where_asked(got, ties, outcome
     clean = Completion((1, 2, 3), (-1.0,) * 3, (1.0, 0.05, 2.0))
     assert receive.judged(lambda: _answer(got), clean, 60, ties) == outcome
     assert receive.Row("a row", outcome).as_required is (outcome != "wrong answer")
+
+
+class _Streamer(http.server.BaseHTTPRequestHandler):
+    """Answers a completion request as vLLM streams one: two chunks of token
+    ids and [DONE], or HTTP 500 for a body asking for `fail`."""
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body.get("fail"):
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b"engine dead")
+            return
+        self.send_response(200)
+        self.end_headers()
+        for tokens in (["token_id:5"], [], ["token_id:6", "token_id:7"]):
+            chunk = {"choices": [{"logprobs": {"tokens": tokens}}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_streamed_tokens_yields_each_chunks_ids_and_names_a_failed_status():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Streamer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        assert list(streamed_tokens(port, {})) == [[5], [], [6, 7]]
+        with pytest.raises(HTTPStatusError, match="HTTP 500 engine dead"):
+            list(streamed_tokens(port, {"fail": True}))
+    finally:
+        server.shutdown()
+        server.server_close()

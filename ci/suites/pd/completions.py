@@ -7,11 +7,12 @@ between the best and the second-best logprob come back: the margin of a
 greedy comparison is measured, not assumed.
 """
 
+import http.client
 import json
 import math
 import random
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +116,40 @@ def post(
     )
     with urllib.request.urlopen(req, timeout=timeout) as response:
         return json.load(response)
+
+
+class HTTPStatusError(OverlayError):
+    """A streamed request answered with another status than 200."""
+
+
+def streamed_tokens(
+    port: int, body: Mapping[str, object], timeout: float = REQUEST_TIMEOUT_S
+) -> Iterator[list[int]]:
+    """POST `body` (a completion request with `stream`, `logprobs` and
+    `return_tokens_as_token_ids`) to 127.0.0.1:`port` and yield the token ids
+    of each streamed chunk as it arrives. Closing the iterator early
+    disconnects the client."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(
+            "POST",
+            "/v1/completions",
+            json.dumps(body),
+            {"Content-Type": "application/json"},
+        )
+        response = conn.getresponse()
+        if response.status != 200:
+            text = response.read().decode(errors="replace")[:120]
+            raise HTTPStatusError(f"HTTP {response.status} {text}")
+        for line in response:
+            data = line.decode(errors="replace").strip().removeprefix("data: ")
+            if not data.startswith("{"):
+                continue
+            logprobs = json.loads(data)["choices"][0].get("logprobs") or {}
+            spelled = logprobs.get("tokens") or []
+            yield [int(token.removeprefix("token_id:")) for token in spelled]
+    finally:
+        conn.close()
 
 
 def completion_body(model: Path, prompt: Sequence[int]) -> dict[str, object]:

@@ -32,8 +32,6 @@ in 0.32.0) a failed pull ends the request with an error; NIXL gives up a
 handshake after VLLM_P2P_HANDSHAKE_TIMEOUT_S (30 s by default, envs.py:238).
 """
 
-import http.client
-import json
 import time
 import urllib.error
 from collections.abc import Callable, Sequence
@@ -46,11 +44,13 @@ from ci.suites.pd.cases import CASE_BY_KEY, Check
 from ci.suites.pd.completions import (
     MAX_TOKENS,
     REQUEST_TIMEOUT_S,
+    HTTPStatusError,
     complete,
     completion_body,
     make_prompts,
     parse_completion,
     post,
+    streamed_tokens,
 )
 from ci.suites.pd.load import IDLE_TIMEOUT_S, idle_usage
 from ci.suites.pd.pair import PATCHED, Layout, Pair, start_pair
@@ -143,33 +143,21 @@ def stream(
     or until its first token if `abort` (then the client disconnects): what
     became of it, starting with "completed", "aborted" or "failed"."""
     body = {**completion_body(model, prompt), "stream": True}
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
     tokens = 0
+    chunks = streamed_tokens(port, body)
     try:
-        conn.request(
-            "POST",
-            "/v1/completions",
-            json.dumps(body),
-            {"Content-Type": "application/json"},
-        )
-        response = conn.getresponse()
-        if response.status != 200:
-            text = response.read().decode(errors="replace")[:120]
-            return f"failed: HTTP {response.status} {text}"
-        for line in response:
-            data = line.decode(errors="replace").strip().removeprefix("data: ")
-            if not data.startswith("{"):
-                continue
-            choice = json.loads(data)["choices"][0]
-            tokens += len((choice.get("logprobs") or {}).get("tokens") or [])
+        for chunk in chunks:
+            tokens += len(chunk)
             if tokens and first.at is None:
                 first.at = time.monotonic()
             if tokens and abort:
                 return "aborted"
+    except HTTPStatusError as exc:
+        return f"failed: {exc}"
     except (OSError, HTTPException, ValueError, LookupError) as exc:
         return f"failed after {tokens} tokens: {type(exc).__name__} {exc}"
     finally:
-        conn.close()
+        chunks.close()
     if tokens == MAX_TOKENS:
         return "completed"
     return f"failed: ended after {tokens} tokens"
