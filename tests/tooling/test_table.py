@@ -153,7 +153,7 @@ def test_readme_says_what_the_suite_runs_on_each_release():
         assert "end to end" not in rows[release]
     assert "`serve` and P/D end to end" in rows[e2e_release(patches)]
     window = set(full_run_only(patches))
-    assert window, "the release facts name no older pin of the support window"
+    assert window, "the support window has no older pin"
     for release in window:
         assert rows[release].split(" | ")[3] == (
             "upstream's unit tests and probes, in the full run before publishing"

@@ -182,7 +182,6 @@ class Fleet:
     ) -> None:
         self.model = layout.models[HYBRID]
         self.prompts = prompts
-        self.members = {member.name: member for member in members}
         self.servers: dict[str, tuple[Server, int]] = {}
         for member in members:
             self.servers[member.name] = start_vllm(
@@ -201,7 +200,7 @@ class Fleet:
         for decode, prefill in handshakes:
             self.first_read(decode, prefill)
         self.clean = [complete(self.port(oracle), self.model, p) for p in prompts]
-        self.live = set(self.members)
+        self.live = {member.name for member in members}
 
     def port(self, name: str) -> int:
         return self.servers[name][1]

@@ -44,6 +44,7 @@ server logs no read of freed blocks.
 """
 
 import json
+import math
 import time
 import urllib.error
 from collections.abc import Callable
@@ -191,9 +192,8 @@ def judged(
         return str(exc)
     if got.token_ids == clean.token_ids:
         return CLEAN
-    found = parting(clean, got)
-    if ties and len(got.token_ids) == len(clean.token_ids) and found is not None:
-        token, gap = found
+    if ties and len(got.token_ids) == len(clean.token_ids):
+        token, gap = parting(clean, got) or (0, math.inf)
         if gap < NEAR_TIE:
             return f"{CLEAN}, up to a near tie at token {token} (gap {gap:.2g})"
     return "wrong answer"
