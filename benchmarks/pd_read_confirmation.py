@@ -44,6 +44,7 @@ from benchmarks.pd_decode_reuse import (
     throughput,
     ttft,
 )
+from ci.envs.layered import RELEASE_PTH, layered_env, wheel_env
 from ci.suites.pd.bench import Workload
 from ci.suites.pd.pair import PATCHED
 from vllm_overlay.common import cache_layout
@@ -51,8 +52,6 @@ from vllm_overlay.common.errors import OverlayError, report_error
 from vllm_overlay.common.locations import cache_root
 
 CHECKOUT = "this checkout"
-# The `.pth` file of a layered environment that names the release's packages.
-RELEASE_PTH = "release-env.pth"
 DECODE_SIDES = (("NixlConnector", "hybrid-nixl"), ("MultiConnector", "hybrid-multi"))
 
 
@@ -78,25 +77,6 @@ def arms(previous: Sequence[str]) -> tuple[Arm, ...]:
     )
 
 
-def layered_env(release: str, name: str) -> tuple[Path, Path]:
-    """A fresh virtualenv of the release test environment's Python whose
-    site-packages names the release environment's (a `.pth` file, read after
-    its own): the environment and its own site-packages, where what the
-    layer adds goes."""
-    release_env = cache_layout.release_env(cache_root(), release)
-    release_python = release_env / "bin" / "python"
-    if not release_python.is_file():
-        raise OverlayError(
-            f"no test environment at {release_env}: run tools/test.sh {release}"
-        )
-    env = cache_layout.layered_env(cache_root(), release, name)
-    subprocess.run([str(release_python), "-m", "venv", "--clear", str(env)], check=True)
-    [own_site] = (env / "lib").glob("python3*/site-packages")
-    [release_site] = (release_env / "lib").glob("python3*/site-packages")
-    (own_site / RELEASE_PTH).write_text(f"{release_site}\n")
-    return env, own_site
-
-
 def hooked_env(release: str, name: str, hook: Path, install: str) -> Path:
     """A layered environment (`layered_env`) whose every Python process runs
     `install`, a call into the module `hook` (copied into it), as it starts,
@@ -114,20 +94,6 @@ def hooked_env(release: str, name: str, hook: Path, install: str) -> Path:
     script = env / "bin" / "vllm"
     script.write_text(f"#!{env / 'bin' / 'python'}\n{body}")
     script.chmod(0o755)
-    return env
-
-
-def previous_env(release: str, wheel: Path, label: str) -> Path:
-    """An environment that runs `wheel` on the release's test environment's
-    packages, with only the wheel installed in its own."""
-    if not wheel.is_file():
-        raise OverlayError(f"--previous-wheel: {wheel} is not a file")
-    env, _ = layered_env(release, f"previous-{label}")
-    pip = [str(env / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-    # --ignore-installed: the release environment, which the .pth file shows,
-    # may hold the same version (its files edited in place), and pip would
-    # take that for this one.
-    subprocess.run([*pip, "--no-deps", "--ignore-installed", str(wheel)], check=True)
     return env
 
 
@@ -178,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(set(labels)) != len(labels):
             raise OverlayError(f"--previous-wheel: two wheels of one build ({labels})")
         envs = {
-            label: previous_env(args.release, wheel, label)
+            label: wheel_env(args.release, wheel, f"previous-{label}")
             for label, wheel in zip(labels, args.previous_wheel, strict=True)
         }
         results = measure(

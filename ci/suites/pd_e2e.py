@@ -25,6 +25,7 @@ Usage: python -m ci.suites.pd_e2e [RELEASE] [--cases KEY ...] [--no-faults]
 """
 
 import argparse
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from http.client import HTTPException
 from pathlib import Path
 
+from ci.envs.previous import NoEarlierRevision, previous_env
 from ci.envs.unpatched import ensure_bare_env, ensure_unpatched_env
 from ci.fixtures.tiny_model import ensure_tiny_model
 from ci.suites.pd import load
@@ -55,7 +57,7 @@ from ci.suites.pd.cases import (
 from ci.suites.pd.completions import Completion, complete, complete_all, make_prompts
 from ci.suites.pd.faults import CASE as FAULT_CASE
 from ci.suites.pd.faults import run_faults
-from ci.suites.pd.fleet import run_fleet_faults
+from ci.suites.pd.fleet_run import run_fleet_faults
 from ci.suites.pd.metrics import decode_counts, scrape, settled_metrics
 from ci.suites.pd.mtp_verdicts import judge_cpu_mtp
 from ci.suites.pd.pair import (
@@ -68,6 +70,7 @@ from ci.suites.pd.pair import (
     wait_all,
 )
 from ci.suites.pd.receive import run_receive_faults
+from ci.suites.pd.revisions import PREVIOUS
 from vllm_overlay.common import cache_layout
 from vllm_overlay.common.errors import OverlayError, report_error
 from vllm_overlay.common.locations import cache_root
@@ -258,6 +261,23 @@ def make_layout(release: str, cache: Path, cases: Sequence[Case]) -> Layout:
     return layout
 
 
+def with_previous(
+    layout: Layout, release: str
+) -> tuple[str | None, list[Check], list[str]]:
+    """The previous revision of the release's series added to `layout` (as
+    `revisions.PREVIOUS`) for the fleet's two-revision row: its label, or
+    None with the line that says why the row does not run (a clone without
+    an earlier revision), or with the failed check of its build."""
+    try:
+        label, layout.envs[PREVIOUS] = previous_env(release)
+    except NoEarlierRevision as exc:
+        return None, [], [f"  fleet: the two-revision row did not run: {exc}"]
+    except (OverlayError, subprocess.CalledProcessError) as exc:
+        failed = Check("fleet: the previous revision's build", False, str(exc))
+        return None, [failed], []
+    return label, [], []
+
+
 def run_pd_e2e(
     release: str,
     cache: Path,
@@ -305,8 +325,10 @@ def run_pd_e2e(
             layout, upstream=upstream_receive
         )
         suite.checks += receive_checks
-        fleet_checks, suite.fleet_rows = run_fleet_faults(layout)
-        suite.checks += fleet_checks
+        previous, build_checks, suite.fleet_rows = with_previous(layout, release)
+        fleet_checks, fleet_rows = run_fleet_faults(layout, previous)
+        suite.checks += build_checks + fleet_checks
+        suite.fleet_rows += fleet_rows
     suite.seconds = time.monotonic() - started
     return suite
 

@@ -38,8 +38,13 @@ decode server then stalls (SIGSTOP) while the row goes on.
    locally, while references of `prefill-a` sent after them, asked with
    threads of their own, are all answered before any request to the silent
    one. Then `prefill-b` is killed and one more of its references arrives.
+5. Two revisions of the series, where the clone's history holds the previous
+   one (`ci/suites/pd/revisions.py`): a prefill and a decode server of it
+   join the fleet, and each revision's decode server reads from the other's
+   prefill server.
 
-Every row must answer the clean answer within the patched rows' bound (or
+`ci/suites/pd/fleet_run.py` runs the rows and the checks after them. Every
+row must answer the clean answer within the patched rows' bound (or
 one that first parts from it at a near tie, `ci/suites/pd/mtp_verdicts.py`:
 the bfloat16 hybrid computes a prompt pulled over NIXL, or computed in a
 batch, otherwise than alone, and its greedy tokens may move there), and
@@ -65,13 +70,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
-from http.client import HTTPException
 from pathlib import Path
 
 from ci.suites.pd.cases import HYBRID, Check
 from ci.suites.pd.completions import complete, completion_body, make_prompts, post
 from ci.suites.pd.faults import prefill_only
-from ci.suites.pd.load import INVALID_READ, count_lines, idle_usage
+from ci.suites.pd.load import count_lines
 from ci.suites.pd.metrics import metric_sum, scrape
 from ci.suites.pd.pair import (
     DECODE_CORES,
@@ -428,72 +432,3 @@ class Attack:
                 + ", ".join(f"{s:.1f}s" for _, s in silent_done),
             )
         )
-
-
-def aftermath(fleet: Fleet, invalid_before: dict[str, int]) -> list[Check]:
-    """Every live server serves on, every live KV cache empties, and no live
-    prefill server read released blocks."""
-    checks = []
-    for name in sorted(fleet.live):
-        try:
-            complete(fleet.port(name), fleet.model, fleet.prompts[0])
-            serves = "an ordinary request completed"
-        except (OSError, HTTPException, OverlayError) as exc:
-            serves = f"failed: {exc}"
-        checks.append(
-            Check(f"fleet: {name} serves on", not serves.startswith("failed"), serves)
-        )
-    busy = idle_usage({name: fleet.port(name) for name in sorted(fleet.live)})
-    checks.append(
-        Check(
-            "fleet: every live KV cache empty at idle",
-            not busy,
-            ", ".join(busy) or "all empty",
-        )
-    )
-    for name, before in sorted(invalid_before.items()):
-        log = fleet.server(name).log
-        invalid = request_ids(log, INVALID_READ)[before:]
-        late = [req for req in invalid if req in request_ids(log, KEPT)]
-        checks.append(
-            Check(
-                f"fleet: {name} read no released blocks",
-                len(late) == len(invalid),
-                f"{len(invalid) - len(late)} '{INVALID_READ}' in its log"
-                + (
-                    f", and {len(late)} late notification(s) of a kept request"
-                    if late
-                    else ""
-                ),
-            )
-        )
-    return checks
-
-
-def run_fleet_faults(layout: Layout) -> tuple[list[Check], list[str]]:
-    """The rows on a fresh fleet: the checks, and the lines to print."""
-    label = "fleet"
-    try:
-        with ExitStack() as stack:
-            pool = stack.enter_context(ThreadPoolExecutor(max_workers=16))
-            fleet = Fleet(stack, layout)
-            live_prefills = (A, UPSTREAM_PREFILL)
-            invalid_before = {
-                n: len(request_ids(fleet.server(n).log, INVALID_READ))
-                for n in live_prefills
-            }
-            attack = Attack(fleet, pool)
-            attack.retry_while_stalled()
-            attack.rolling_upgrade()
-            attack.mixed_versions()
-            attack.one_prefill_silent()
-            checks = attack.checks + [
-                Check(f"{label}: {row.name}", row.as_required, row.outcome)
-                for row in attack.rows
-            ]
-            checks += aftermath(fleet, invalid_before)
-            for name in sorted(fleet.live):
-                fleet.server(name).stop()
-    except (OSError, HTTPException, OverlayError) as exc:
-        return [Check(label, False, str(exc))], []
-    return checks, [f"  {label}: {row.name}: {row.outcome}" for row in attack.rows]
