@@ -31,7 +31,8 @@ of another release or of an earlier step of the same one (except those that
 need what it did not make: no test runs without the release's environment),
 so one run reports everything that is wrong. `--release-only` skips item 1,
 for a maintainer rerunning one release (`tools/test.sh --release-only
-0.32.0`); CI runs both.
+0.32.0`), where it passed on the checkout's files as they are
+(`static_checks.passed_as_it_is`); CI runs both.
 """
 
 import argparse
@@ -63,7 +64,7 @@ from ci.suites.pytest_runs import (
 )
 from ci.suites.serve_e2e import RELEASE as SERVE_E2E_RELEASE
 from ci.suites.serve_e2e import run_serve_e2e
-from ci.suites.static_checks import static_checks
+from ci.suites.static_checks import passed_as_it_is, static_checks
 from ci.suites.upstream_tests import (
     patch_upstream_tests,
     prepare_upstream_tests,
@@ -72,7 +73,7 @@ from ci.suites.upstream_tests import (
 )
 from vllm_overlay.common import cache_layout
 from vllm_overlay.common.errors import OverlayError, exit_status, report_error
-from vllm_overlay.common.locations import cache_root, patches_root
+from vllm_overlay.common.locations import REPO_ROOT, cache_root, patches_root
 from vllm_overlay.series.facts import (
     FACTS_FILE,
     full_run_only,
@@ -423,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         RELEASE_ONLY,
         action="store_true",
         help="only the releases' steps: skip the static checks and the tooling "
-        "tests (minutes), when they passed since the last change to them",
+        "tests (minutes) where they passed on the checkout's files as they are",
     )
     parser.add_argument(
         FULL,
@@ -434,17 +435,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     cache = cache_root()
-    reports = cache_layout.reports(cache)
+    reports = cache_layout.reports(cache, REPO_ROOT)
     reports.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    if args.release_only:
+    if args.release_only and passed_as_it_is(reports):
         print(
             f"vllm-overlay: {RELEASE_ONLY}: skipped the static checks and the "
-            "tooling tests",
+            "tooling tests, which passed on the checkout's files as they are",
             flush=True,
         )
         static_failures, tooling = None, Counts()
     else:
+        if args.release_only:
+            print(
+                f"vllm-overlay: {RELEASE_ONLY}: the static checks and the tooling "
+                "tests have not passed on the checkout's files as they are: "
+                "running them first",
+                flush=True,
+            )
         static_failures, tooling = static_checks(reports)
     static_seconds = time.monotonic() - started
     outcomes = []

@@ -330,6 +330,8 @@ def _report_rebase(outcome: RebaseOutcome) -> None:
         f"wrote {outcome.directory} ({len(outcome.kept)} kept, "
         f"{len(outcome.dropped)} dropped)"
     )
+    if outcome.changelog:
+        print(outcome.changelog)
 
 
 def _report_probes(outcome: RebaseOutcome) -> int:

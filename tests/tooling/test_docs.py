@@ -135,11 +135,13 @@ def test_readme_tells_a_user_of_another_release_what_it_gets():
 
 def test_the_life_of_a_release_ends_with_readme_and_changelog():
     """The release checklist names the command that writes README's table and
-    the file no command writes."""
+    where the release's CHANGELOG entry comes from."""
     text = (DOCS / "maintainer" / "releases.md").read_text()
     section = text.split("## The life of a release\n", 1)[1].split("\n## ", 1)[0]
     assert "`vllm-overlay table --write`" in section and "README.md" in section
-    assert "**CHANGELOG.md**" in section
+    assert "rebase that wrote the series also wrote **CHANGELOG.md**" in " ".join(
+        section.split()
+    )
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)

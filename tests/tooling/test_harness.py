@@ -220,15 +220,32 @@ def whole_run(tmp_path, monkeypatch):
     return called
 
 
-def test_release_only_skips_the_static_checks_and_says_so(whole_run, capsys):
+def test_release_only_skips_the_static_checks_that_passed_and_says_so(
+    whole_run, capsys, monkeypatch
+):
+    monkeypatch.setattr(harness, "passed_as_it_is", lambda reports: True)
     assert harness.main(["--release-only", RELEASE]) == 0
     assert whole_run == [RELEASE]
     out = capsys.readouterr().out
     assert out.startswith(
         "vllm-overlay: --release-only: skipped the static checks and the tooling "
-        "tests\n"
+        "tests, which passed on the checkout's files as they are\n"
     )
     assert "\nstatic checks and tooling tests: skipped (--release-only)\n" in out
+
+
+def test_release_only_runs_the_static_checks_after_a_change(
+    whole_run, capsys, monkeypatch
+):
+    monkeypatch.setattr(harness, "passed_as_it_is", lambda reports: False)
+    assert harness.main(["--release-only", RELEASE]) == 0
+    assert whole_run == ["static checks", RELEASE]
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "vllm-overlay: --release-only: the static checks and the tooling tests "
+        "have not passed on the checkout's files as they are: running them first\n"
+    )
+    assert "static checks: ok; tooling tests: 599 passed" in out
 
 
 def test_by_default_the_static_checks_run_first(whole_run, capsys):

@@ -175,6 +175,23 @@ def test_the_new_series_is_recorded_for_its_revision(checkout, capsys):
     assert f"vLLM {TO}'s series is not recorded" not in capsys.readouterr().err
 
 
+def test_the_new_release_gets_its_changelog_entry(checkout, capsys):
+    changelog = checkout.root / "CHANGELOG.md"
+    changelog.write_text("# Changelog\n\n## [Unreleased]\n\n### Fixed\n- A fix.\n")
+    pin_target(checkout, drifted())
+    committed(checkout)
+    code, out, _ = rebase(capsys, RELEASE, TO)
+    assert code == 0, out
+    assert f"CHANGELOG.md: vLLM {TO}'s entry written under Unreleased, Added\n" in out
+    text = changelog.read_text()
+    assert text.startswith("# Changelog\n\n## [Unreleased]\n\n### Added\n- vLLM")
+    assert text.endswith("every one kept.\n\n### Fixed\n- A fix.\n")
+    assert (
+        f"- vLLM {TO} is pinned: `{TO}+hybridkv.1` from `vllm`, the {RELEASE} "
+        "series' 1 patch, every one kept."
+    ) in " ".join(text.split())
+
+
 def test_patch_upstream_already_has_is_dropped_and_recorded(checkout, capsys):
     pin_target(checkout, scheduler_edit(20, PATCHED_LINE))
     committed(checkout)

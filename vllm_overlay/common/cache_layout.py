@@ -9,6 +9,7 @@ or a caller with its own cache (`--cache`, `$VLLM_OVERLAY_CACHE`) gets the
 same layout under it.
 """
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,9 +61,10 @@ def release_env_lock(cache: Path, release: str) -> Path:
 
 def layered_env(cache: Path, release: str, name: str) -> Path:
     """An environment beside `release_env` that runs over its packages with
-    something of its own, which `name` says: an earlier build of the release
-    (`previous-hybridkv.7`, `benchmarks/pd_read_confirmation.py`) or a
-    variant a benchmark measures (`benchmarks/investigations/pd_progress_pause.py`)."""
+    something of its own (`ci/envs/layered.py`), which `name` says: an
+    earlier build of the release (`previous-hybridkv.26`, the P/D fleet's
+    previous revision or `benchmarks/pd_read_confirmation.py`'s) or a variant
+    a benchmark measures (`benchmarks/investigations/pd_progress_pause.py`)."""
     return cache / "envs" / f"{release}-{name}"
 
 
@@ -90,9 +92,13 @@ def hf_standin(cache: Path) -> Path:
     return cache / "hf-standin"
 
 
-def reports(cache: Path) -> Path:
-    """The JUnit reports of the harness's pytest runs."""
-    return cache / "reports"
+def reports(cache: Path, checkout: Path) -> Path:
+    """The JUnit reports of the harness's pytest runs from `checkout`, and
+    its record of the static checks' last pass there: one folder per
+    checkout, as two checkouts (a maintainer's and a scratch clone) share
+    the cache and may run at once."""
+    key = hashlib.sha256(str(checkout.resolve()).encode()).hexdigest()[:12]
+    return cache / "reports" / f"{checkout.name}-{key}"
 
 
 @dataclass(frozen=True)

@@ -23,19 +23,18 @@ real 3-way merge, which `status` cannot offer from a wheel):
 
 Nothing under `patches/` is written before every patch has been replayed; then
 the TO series directory appears whole (see `refresh.write_exported`), is
-recorded for TO's revision in the pins (`pin.record_series`), and the history
-file is replaced in one rename. A merge moves text, not meaning, so
-`probe_outcome` then runs the probes of both series on TO patched by the new
-series (see `probing.probe_rebased`).
-
-A TO older than FROM is allowed: it backports the series, and says so.
+recorded for TO's revision in the pins (`pin.record_series`), CHANGELOG.md
+gets TO's entry (`changelog.record_release`), and the history file is
+replaced in one rename. A merge moves text, not meaning, so `probe_outcome`
+then runs the probes of both series on TO patched by the new series (see
+`probing.probe_rebased`). A TO older than FROM is allowed: it backports the
+series, and says so.
 
 TO may also be a commit of a vLLM git clone (`start_rebase_onto_source`,
 `--source PATH[@REF] --out DIR`): the same replay, its TO files read from the
-commit (`git_source.py`), the series written to the new directory DIR, and
-nothing pinned, recorded or appended to the history. A kept patch's message
-has its `path:line` references moved to TO's lines (`references.py`); those it
-cannot place are reported as stale.
+commit (`git_source.py`), the series written to the new directory DIR, nothing
+else written. A kept patch's message has its `path:line` references moved to
+TO's lines (`references.py`); those it cannot place are reported as stale.
 """
 
 import json
@@ -79,6 +78,7 @@ from vllm_overlay.track.rebasing.replay import (
     commit_resolution,
     pick,
 )
+from vllm_overlay.track.records.changelog import record_release
 from vllm_overlay.track.records.history import DroppedPatch, append_history
 from vllm_overlay.track.status.probing import RebasedProbes, probe_rebased
 from vllm_overlay.track.workspace.git_source import open_git_source
@@ -128,6 +128,8 @@ class RebaseOutcome:
     references: tuple[Reference, ...] = ()
     # Set for a rebase onto a git commit: the clone and commit it read.
     source: str = ""
+    # What became of CHANGELOG.md's entry for TO, in a line.
+    changelog: str = ""
 
 
 def state_dir(root: Path) -> Path:
@@ -416,8 +418,7 @@ def _finish(state: RebaseState, root: Path) -> RebaseOutcome:
         names_from=series_dir(root, state.from_release),
         allow_empty=True,
     )
-    # Upstream's tests are read from the sdists the cache holds (the rebase
-    # fetched them if the series patches a test; a test run does too).
+    # Upstream's tests, from the sdists cached by the rebase or a test run.
     pins = pinned_releases(root)
     files, old = release_files(
         Path(state.from_wheel), cached_sdist_tree(pins[state.from_release], cache)
@@ -432,18 +433,20 @@ def _finish(state: RebaseState, root: Path) -> RebaseOutcome:
     exported, references = retarget_series(
         exported, files, old, new, state.from_release
     )
+    entry = ""
     if state.out_dir:
         directory = Path(state.out_dir)
         write_series_dir(exported, state.to_release, directory)
-        outcome = _outcome(
-            state, root, directory=directory, references=tuple(references)
-        )
     else:
         directory, _ = write_exported(exported, state.to_release, root)
         record_series(state.to_release, root)
-        outcome = _outcome(
-            state, root, directory=directory, references=tuple(references)
-        )
+        gone = [(d["patch"], d["reason"]) for d in state.dropped]
+        pin = pinned_releases(root)[state.to_release]
+        entry = record_release(root.parent, pin, state.from_release, state.kept, gone)
+    outcome = _outcome(
+        state, root, directory=directory, references=tuple(references), changelog=entry
+    )
+    if not state.out_dir:
         append_history(root, outcome.dropped)
     shutil.rmtree(state_dir(root))
     return outcome
