@@ -157,13 +157,15 @@ SERVE = "vllm-overlay serve end to end"
 PD = "P/D over NIXL end to end"
 
 
-def planned_steps(version: str, full: bool = False) -> list[str]:
+def planned_steps(version: str, full: bool = False, named: bool = False) -> list[str]:
     """The steps `version` gets, as the summary lists them: the end-to-end
     runs on the e2e release, and with `full` on the other releases the
     release facts name; the support window's older pins (`full_run_only`)
-    the wheel alone unless `full`."""
+    the wheel alone unless `full`, or `named` on the command line (a
+    maintainer testing that release, a replay's new older pin among them,
+    wants its series tested)."""
     steps = [WHEEL, ROUND_TRIP]
-    if not full and version in full_run_only():
+    if not (full or named) and version in full_run_only():
         return steps
     steps += [ENVIRONMENT, UPSTREAM, PROBES, UNPATCHED, RUNTIME]
     if version == INDEX_INSTALL_RELEASE:
@@ -193,7 +195,7 @@ def step(outcome: Outcome, name: str) -> Iterator[None]:
 
 
 def run_release_steps(
-    version: str, cache: Path, reports: Path, full: bool = False
+    version: str, cache: Path, reports: Path, full: bool = False, named: bool = False
 ) -> Outcome:
     """Every step of item 2 above for `version`; a failed step is recorded in
     the outcome and the next one runs, unless it needs what the failed one
@@ -203,7 +205,7 @@ def run_release_steps(
     outcome = Outcome(version)
     started = time.monotonic()
     try:
-        outcome.steps = planned_steps(version, full)
+        outcome.steps = planned_steps(version, full, named)
         _release_steps(outcome, cache, reports)
     except OverlayError as exc:  # the release facts do not load
         report_error(exc)
@@ -457,7 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     static_seconds = time.monotonic() - started
     outcomes = []
     for version in args.releases or sorted(pinned_releases(), key=Version):
-        outcomes.append(run_release_steps(version, cache, reports, args.full))
+        outcomes.append(
+            run_release_steps(version, cache, reports, args.full, bool(args.releases))
+        )
     print_summary(outcomes, static_failures, tooling, static_seconds)
     return 1 if static_failures or any(o.failures for o in outcomes) else 0
 

