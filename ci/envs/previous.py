@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ci.envs.layered import wheel_env
 from vllm_overlay.common.errors import OverlayError
-from vllm_overlay.common.git import git_cause, git_run
+from vllm_overlay.common.git import git
 from vllm_overlay.common.locations import PINS_FILE, REPO_ROOT
 from vllm_overlay.series.loader import pinned_releases
 
@@ -42,12 +42,8 @@ class NoEarlierRevision(OverlayError):
 
 def _git(repo: Path, *args: str) -> str:
     """git in the checkout `repo`, with the user's config (their
-    `safe.directory` among it); a failure is an `OverlayError` with git's
-    own cause."""
-    proc = git_run(repo, *args, user_config=True)
-    if proc.returncode != 0:
-        raise OverlayError(f"git {args[0]} in {repo}: {git_cause(proc)}")
-    return proc.stdout
+    `safe.directory` among it)."""
+    return git(repo, *args, user_config=True)
 
 
 def revision_at(repo: Path, commit: str, release: str) -> int | None:

@@ -74,10 +74,16 @@ def git_cause(proc: subprocess.CompletedProcess) -> str:
     return "; ".join(dict.fromkeys(causes)) or f"exit status {proc.returncode}"
 
 
-def git(repo: Path, *args: str, env: Mapping[str, str] | None = None) -> str:
-    """Run git in `repo` without the user's config; a failure is an
-    `OverlayError` with git's own cause (`git_cause`)."""
-    proc = git_run(repo, *args, env=env)
+def git(
+    repo: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    user_config: bool = False,
+) -> str:
+    """Run git in `repo`, without the user's config unless `user_config`
+    (`git_run`); a failure is an `OverlayError` with git's own cause
+    (`git_cause`)."""
+    proc = git_run(repo, *args, env=env, user_config=user_config)
     if proc.returncode != 0:
         raise OverlayError(f"git {args[0]} in {repo}: {git_cause(proc)}")
     return proc.stdout
